@@ -1,0 +1,48 @@
+//! Raw host memory for the CPU device: the one place the runtime calls the system allocator.
+#![allow(unsafe_code)]
+
+use std::alloc::{self, Layout};
+
+use crate::device::{DeviceId, DevicePtr};
+use crate::error::{Error, Result};
+use crate::memory::ALIGNMENT;
+
+fn layout(bytes: usize) -> Option<Layout> {
+    Layout::from_size_align(bytes.max(1), ALIGNMENT).ok()
+}
+
+pub(super) fn allocate(bytes: usize) -> Result<DevicePtr> {
+    let oom = || Error::OutOfMemory {
+        device: DeviceId::CPU.to_string(),
+        requested: bytes,
+        limit: None,
+        allocated: 0,
+        cached: 0,
+        quota: false,
+    };
+    let layout = layout(bytes).ok_or_else(oom)?;
+    // SAFETY: `layout` has a non-zero size (`max(1)` above) and a power-of-two alignment.
+    let ptr = unsafe { alloc::alloc(layout) };
+    if ptr.is_null() {
+        return Err(oom());
+    }
+    Ok(DevicePtr(ptr as usize))
+}
+
+pub(super) fn free(ptr: DevicePtr, bytes: usize) {
+    let Some(layout) = layout(bytes) else { return };
+    // SAFETY: the pool frees each segment exactly once, with the size it was allocated with,
+    // after synchronizing every stream that could still touch it.
+    unsafe { alloc::dealloc(ptr.0 as *mut u8, layout) }
+}
+
+/// Copies `bytes` between two ranges of host memory that the caller keeps alive.
+pub(super) fn copy(dst: DevicePtr, src: DevicePtr, bytes: usize) {
+    if bytes == 0 {
+        return;
+    }
+    // SAFETY: stream semantics: the ranges belong to live pool blocks or caller-owned buffers
+    // for as long as the copy is enqueued (the pool does not hand a block to other work until
+    // the streams that used it have passed this point). `copy` (memmove) tolerates overlap.
+    unsafe { std::ptr::copy(src.0 as *const u8, dst.0 as *mut u8, bytes) }
+}

@@ -1,0 +1,138 @@
+//! A CPU stream: a FIFO of host work served by one dedicated worker thread.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Sender};
+use std::sync::{Arc, Condvar, Mutex};
+
+use super::{memory, CpuEvent};
+use crate::device::{CopyKind, DevicePtr, EventBackend, HostFn, StreamBackend};
+use crate::error::{Error, Result};
+
+static NEXT_WORKER: AtomicU64 = AtomicU64::new(1);
+
+/// Progress shared by the stream handle and its worker.
+#[derive(Debug, Default)]
+struct Progress {
+    /// Jobs handed to the worker (only the handle increments it).
+    submitted: AtomicU64,
+    state: Mutex<Completed>,
+    done: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct Completed {
+    count: u64,
+    /// First error since the last synchronize (CUDA reports async errors once, at the next sync).
+    error: Option<String>,
+}
+
+/// Handle of a CPU stream. Dropping it lets the worker finish the queued work and exit.
+#[derive(Debug)]
+pub struct CpuStream {
+    name: String,
+    jobs: Sender<HostFn>,
+    progress: Arc<Progress>,
+}
+
+impl CpuStream {
+    pub(super) fn spawn() -> Result<CpuStream> {
+        let name = format!("opbridge-cpu-stream-{}", NEXT_WORKER.fetch_add(1, Ordering::Relaxed));
+        let (jobs, queue) = mpsc::channel::<HostFn>();
+        let progress = Arc::new(Progress::default());
+        let worker_progress = Arc::clone(&progress);
+        std::thread::Builder::new()
+            .name(name.clone())
+            .spawn(move || {
+                for job in queue {
+                    // A panicking kernel must not kill the stream: it becomes the stream's error.
+                    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job))
+                        .unwrap_or_else(|_| Err("kernel panicked".to_string()));
+                    let mut state = worker_progress.state.lock().unwrap_or_else(|p| p.into_inner());
+                    state.count += 1;
+                    if let Err(message) = outcome {
+                        state.error.get_or_insert(message);
+                    }
+                    drop(state);
+                    worker_progress.done.notify_all();
+                }
+            })
+            .map_err(|e| Error::Device { device: "cpu:0".into(), message: format!("cannot start stream worker: {e}") })?;
+        Ok(CpuStream { name, jobs, progress })
+    }
+
+    fn enqueue(&self, job: HostFn) -> Result<()> {
+        self.progress.submitted.fetch_add(1, Ordering::SeqCst);
+        self.jobs.send(job).map_err(|_| {
+            self.progress.submitted.fetch_sub(1, Ordering::SeqCst);
+            Error::Device { device: "cpu:0".into(), message: format!("{} has stopped", self.name) }
+        })
+    }
+}
+
+impl StreamBackend for CpuStream {
+    fn launch(&self, kernel: HostFn) -> Result<()> {
+        self.enqueue(kernel)
+    }
+
+    fn launch_host_func(&self, func: HostFn) -> Result<()> {
+        self.enqueue(func)
+    }
+
+    fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize, _kind: CopyKind) -> Result<()> {
+        // Host and device memory are the same memory on the CPU: every direction is a memcpy.
+        self.enqueue(Box::new(move || {
+            memory::copy(dst, src, bytes);
+            Ok(())
+        }))
+    }
+
+    fn record(&self, event: &Arc<dyn EventBackend>) -> Result<()> {
+        let event = Arc::clone(event);
+        let cpu = event.as_any().downcast_ref::<CpuEvent>().ok_or_else(|| Error::Device {
+            device: "cpu:0".into(),
+            message: "cannot record an event of another device on a CPU stream".into(),
+        })?;
+        let generation = cpu.begin_record();
+        self.enqueue(Box::new(move || {
+            if let Some(cpu) = event.as_any().downcast_ref::<CpuEvent>() {
+                cpu.complete(generation);
+            }
+            Ok(())
+        }))
+    }
+
+    fn wait(&self, event: &Arc<dyn EventBackend>) -> Result<()> {
+        let event = Arc::clone(event);
+        let target = event
+            .as_any()
+            .downcast_ref::<CpuEvent>()
+            .map(CpuEvent::recorded_generation)
+            .ok_or_else(|| Error::Device {
+                device: "cpu:0".into(),
+                message: "cannot wait on an event of another device on a CPU stream".into(),
+            })?;
+        self.enqueue(Box::new(move || {
+            if let Some(cpu) = event.as_any().downcast_ref::<CpuEvent>() {
+                cpu.wait_for(target);
+            }
+            Ok(())
+        }))
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        let target = self.progress.submitted.load(Ordering::SeqCst);
+        let mut state = self.progress.state.lock().unwrap_or_else(|p| p.into_inner());
+        while state.count < target {
+            state = self.progress.done.wait(state).unwrap_or_else(|p| p.into_inner());
+        }
+        match state.error.take() {
+            Some(message) => Err(Error::Async { stream: self.name.clone(), message }),
+            None => Ok(()),
+        }
+    }
+
+    fn query(&self) -> bool {
+        let target = self.progress.submitted.load(Ordering::SeqCst);
+        self.progress.state.lock().unwrap_or_else(|p| p.into_inner()).count >= target
+    }
+}

@@ -1,0 +1,156 @@
+//! The `Device` trait: what a backend (CPU today, CUDA and Ascend next) must provide. It is
+//! shaped after the CUDA driver / ACL runtime so real accelerators fit without changes: raw
+//! memory, streams that execute enqueued work in order, events, host callbacks and copies.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::error::Result;
+
+/// The family of a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DeviceKind {
+    Cpu,
+    Cuda,
+    Ascend,
+}
+
+impl DeviceKind {
+    pub const fn name(self) -> &'static str {
+        match self {
+            DeviceKind::Cpu => "cpu",
+            DeviceKind::Cuda => "cuda",
+            DeviceKind::Ascend => "ascend",
+        }
+    }
+
+    /// DLPack's `DLDeviceType` code for this kind (kDLCPU = 1, kDLCUDA = 2, kDLExtDev = 12).
+    pub const fn dlpack_code(self) -> i32 {
+        match self {
+            DeviceKind::Cpu => 1,
+            DeviceKind::Cuda => 2,
+            DeviceKind::Ascend => 12,
+        }
+    }
+}
+
+/// A device: kind plus ordinal, written `cpu:0`, `cuda:1`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DeviceId {
+    pub kind: DeviceKind,
+    pub index: usize,
+}
+
+impl DeviceId {
+    pub const CPU: DeviceId = DeviceId { kind: DeviceKind::Cpu, index: 0 };
+
+    /// Parses `"cpu"`, `"cpu:0"`, `"cuda:1"`.
+    pub fn parse(text: &str) -> Option<DeviceId> {
+        let (kind, index) = match text.split_once(':') {
+            Some((k, i)) => (k, i.parse().ok()?),
+            None => (text, 0),
+        };
+        let kind = match kind {
+            "cpu" => DeviceKind::Cpu,
+            "cuda" => DeviceKind::Cuda,
+            "ascend" | "npu" => DeviceKind::Ascend,
+            _ => return None,
+        };
+        Some(DeviceId { kind, index })
+    }
+}
+
+impl fmt::Display for DeviceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.kind.name(), self.index)
+    }
+}
+
+/// An address in a device's memory. Plain data: it is never dereferenced outside a kernel or
+/// copy running on that device, so holding one is always safe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DevicePtr(pub usize);
+
+impl DevicePtr {
+    pub const fn offset(self, bytes: usize) -> DevicePtr {
+        DevicePtr(self.0 + bytes)
+    }
+}
+
+/// Host work a stream runs in order: a CPU kernel, a host callback, a marker. An `Err` is the
+/// stream's asynchronous error, reported by the next synchronizing call.
+pub type HostFn = Box<dyn FnOnce() -> std::result::Result<(), String> + Send + 'static>;
+
+/// Direction of an asynchronous copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CopyKind {
+    HostToDevice,
+    DeviceToHost,
+    DeviceToDevice,
+}
+
+/// What a backend implements. Everything else (pool, stream manager, tensors, operators) is
+/// written once against this trait.
+pub trait Device: Send + Sync + fmt::Debug + 'static {
+    fn id(&self) -> DeviceId;
+
+    /// Whether host code may read and write this device's memory directly (true for the CPU
+    /// device). When false, the numpy path stages through pinned host memory.
+    fn host_accessible(&self) -> bool;
+
+    /// Allocates `bytes` of device memory, 64-byte aligned. Called by the caching pool only.
+    fn allocate_raw(&self, bytes: usize) -> Result<DevicePtr>;
+
+    /// Returns memory to the system. The pool synchronizes the device before calling it, so no
+    /// enqueued work still uses the range.
+    fn free_raw(&self, ptr: DevicePtr, bytes: usize);
+
+    /// Allocates page-locked host memory for staging copies (plain host memory on the CPU).
+    fn allocate_pinned(&self, bytes: usize) -> Result<DevicePtr>;
+
+    /// Frees memory from `allocate_pinned`.
+    fn free_pinned(&self, ptr: DevicePtr, bytes: usize);
+
+    /// Creates a new stream: an ordered queue of work.
+    fn create_stream(&self) -> Result<Arc<dyn StreamBackend>>;
+
+    /// Creates an event that can be recorded on this device's streams.
+    fn create_event(&self) -> Result<Arc<dyn EventBackend>>;
+}
+
+/// One stream of a device. All methods enqueue and return at once, except `synchronize`.
+pub trait StreamBackend: Send + Sync + fmt::Debug {
+    /// Enqueues a kernel. The CPU device runs it on the stream's worker; accelerator backends
+    /// wrap their vendor launch in the closure and call it in stream order.
+    fn launch(&self, kernel: HostFn) -> Result<()>;
+
+    /// Enqueues a host callback, run once all earlier work on the stream is done.
+    fn launch_host_func(&self, func: HostFn) -> Result<()>;
+
+    /// Enqueues a copy of `bytes` from `src` to `dst`.
+    fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize, kind: CopyKind) -> Result<()>;
+
+    /// Enqueues the completion of `event`.
+    fn record(&self, event: &Arc<dyn EventBackend>) -> Result<()>;
+
+    /// Makes later work on this stream wait until `event` (as last recorded) completes.
+    fn wait(&self, event: &Arc<dyn EventBackend>) -> Result<()>;
+
+    /// Blocks until all work enqueued so far is done; returns the first asynchronous error.
+    fn synchronize(&self) -> Result<()>;
+
+    /// True when all work enqueued so far is done.
+    fn query(&self) -> bool;
+}
+
+/// A device event: a point in a stream's work, for ordering, waiting and timing.
+pub trait EventBackend: Send + Sync + fmt::Debug {
+    /// Blocks until the last recorded point is reached (at once when never recorded).
+    fn synchronize(&self) -> Result<()>;
+    /// True when the last recorded point is reached (or the event was never recorded).
+    fn query(&self) -> bool;
+    /// Milliseconds from this event to `end`; both must be recorded and complete.
+    fn elapsed_ms(&self, end: &dyn EventBackend) -> Result<f64>;
+    /// For backends to find their own type in `elapsed_ms`.
+    fn as_any(&self) -> &dyn std::any::Any;
+}

@@ -1,0 +1,105 @@
+//! opbridge's device runtime: devices, streams, events, the caching memory pool and tensors.
+//! It knows nothing of operators, Python or async runtimes (see DESIGN.md, "Layers").
+
+pub mod cpu;
+pub mod device;
+pub mod dtype;
+pub mod error;
+pub mod memory;
+pub mod pipeline;
+pub mod stream;
+pub mod tensor;
+
+use std::sync::{Arc, OnceLock};
+
+pub use device::{CopyKind, Device, DeviceId, DeviceKind, DevicePtr, HostFn};
+pub use dtype::DType;
+pub use error::{Error, Result};
+pub use memory::{Buffer, ChildPool, MemoryPool, PoolStats, SubBuffer, ALIGNMENT};
+pub use stream::{current_stream, set_current_stream, Event, Stream, StreamId};
+pub use tensor::{Storage, Tensor};
+
+use memory::pool::Source;
+use stream::StreamRegistry;
+
+/// One device with its caching pools and the registry of its streams. One per device for the
+/// life of the process.
+#[derive(Debug)]
+pub struct DeviceContext {
+    device: Arc<dyn Device>,
+    streams: Arc<StreamRegistry>,
+    pool: Arc<MemoryPool>,
+    pinned: Arc<MemoryPool>,
+    /// H2D, compute and D2H streams of the staged numpy path, made on first use.
+    pipeline: OnceLock<[Stream; 3]>,
+}
+
+impl std::fmt::Debug for StreamRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StreamRegistry")
+    }
+}
+
+impl DeviceContext {
+    fn new(device: Arc<dyn Device>) -> DeviceContext {
+        let streams = Arc::new(StreamRegistry::default());
+        let pool = Arc::new(MemoryPool::new(Arc::clone(&device), Source::Device, Arc::clone(&streams)));
+        let pinned = Arc::new(MemoryPool::new(Arc::clone(&device), Source::Pinned, Arc::clone(&streams)));
+        DeviceContext { device, streams, pool, pinned, pipeline: OnceLock::new() }
+    }
+
+    /// The context of a device. `cpu:0` always exists; accelerator backends register here when
+    /// they are built and their driver loads.
+    pub fn get(id: DeviceId) -> Result<&'static Arc<DeviceContext>> {
+        static CPU: OnceLock<Arc<DeviceContext>> = OnceLock::new();
+        if id == DeviceId::CPU {
+            return Ok(CPU.get_or_init(|| Arc::new(DeviceContext::new(Arc::new(cpu::CpuDevice)))));
+        }
+        Err(Error::Device {
+            device: id.to_string(),
+            message: "device not available: this build has only the cpu:0 device".into(),
+        })
+    }
+
+    /// The embedded default device.
+    pub fn cpu() -> &'static Arc<DeviceContext> {
+        DeviceContext::get(DeviceId::CPU).expect("cpu:0 always exists")
+    }
+
+    pub fn id(&self) -> DeviceId {
+        self.device.id()
+    }
+
+    pub fn device(&self) -> &Arc<dyn Device> {
+        &self.device
+    }
+
+    /// The caching pool of device memory.
+    pub fn pool(&self) -> &Arc<MemoryPool> {
+        &self.pool
+    }
+
+    /// The caching pool of pinned host memory used for staging copies.
+    pub fn pinned_pool(&self) -> &Arc<MemoryPool> {
+        &self.pinned
+    }
+
+    /// The calling thread's current stream on this device.
+    pub fn current_stream(&self) -> Result<Stream> {
+        stream::current_stream(self)
+    }
+
+    /// The three streams of the staged (H2D / compute / D2H) pipeline.
+    pub fn pipeline_streams(&self) -> Result<[Stream; 3]> {
+        if let Some(streams) = self.pipeline.get() {
+            return Ok(streams.clone());
+        }
+        let made = [Stream::new(self)?, Stream::new(self)?, Stream::new(self)?];
+        Ok(self.pipeline.get_or_init(|| made).clone())
+    }
+
+    /// Waits for all work on all streams of this device.
+    pub fn synchronize(&self) -> Result<()> {
+        self.streams.synchronize_all()
+    }
+}

@@ -1,0 +1,512 @@
+//! The caching memory pool, after PyTorch's CUDA caching allocator.
+//!
+//! - Requests up to 1 MiB are rounded to 512 bytes and carved from 2 MiB segments; larger ones
+//!   are rounded to 512 bytes and served from 20 MiB segments (under 10 MiB) or from segments
+//!   of their own size rounded to 2 MiB.
+//! - Freed blocks are cached, split on reuse (best fit) and coalesced with free neighbours.
+//! - Blocks belong to the stream they were allocated for and are reused only for that stream,
+//!   where stream order makes reuse safe. A block that other streams used is held back until
+//!   events recorded on those streams at free time complete.
+//! - On exhaustion (limit or system) the pool synchronizes the device, releases its cache and
+//!   retries once before failing with `Error::OutOfMemory`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::buffer::{Buffer, SubBuffer};
+use super::{round_up, ALIGNMENT};
+use crate::device::{Device, DevicePtr};
+use crate::error::{Error, Result};
+use crate::stream::{Event, Stream, StreamId, StreamRegistry};
+
+const MIN_BLOCK: usize = 512;
+const SMALL_REQUEST: usize = 1 << 20;
+const SMALL_SEGMENT: usize = 2 << 20;
+const LARGE_SEGMENT: usize = 20 << 20;
+const SHARED_LARGE_LIMIT: usize = 10 << 20;
+const LARGE_ROUND: usize = 2 << 20;
+
+/// Where a pool gets its memory from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Source {
+    /// Device memory (`Device::allocate_raw`).
+    Device,
+    /// Pinned host memory for staging (`Device::allocate_pinned`).
+    Pinned,
+}
+
+/// A snapshot of the pool's counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Blocks handed out and not yet freed.
+    pub allocated_blocks: usize,
+    /// Cached blocks ready for reuse.
+    pub free_blocks: usize,
+    /// Bytes reserved from the device (segments), cached or in use.
+    pub total_memory: usize,
+    pub allocated_bytes_current: usize,
+    pub allocated_bytes_peak: usize,
+    pub reserved_bytes_current: usize,
+    pub reserved_bytes_peak: usize,
+    /// Successful allocations.
+    pub num_allocs: u64,
+    /// Allocations served from the cache, without a new segment.
+    pub num_cache_hits: u64,
+    /// Times the pool released its cache and retried.
+    pub num_alloc_retries: u64,
+    pub num_ooms: u64,
+    /// Cached bytes in free blocks too small for the largest recent request.
+    pub fragmented_bytes: usize,
+    /// The largest request since the last `reset_peak_memory_stats`.
+    pub largest_recent_request: usize,
+    /// Blocks freed but waiting for other streams to finish with them.
+    pub pending_free_blocks: usize,
+    pub limit: Option<usize>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct FreeKey {
+    small: bool,
+    stream: StreamId,
+    size: usize,
+    addr: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct BlockInfo {
+    size: usize,
+    segment: usize,
+    stream: StreamId,
+    small: bool,
+    allocated: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Segment {
+    size: usize,
+}
+
+#[derive(Debug)]
+struct PendingFree {
+    addr: usize,
+    events: Vec<Event>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Every block, by address (neighbours for coalescing are the map's neighbours).
+    blocks: BTreeMap<usize, BlockInfo>,
+    segments: BTreeMap<usize, Segment>,
+    free: BTreeSet<FreeKey>,
+    pending: Vec<PendingFree>,
+    limit: Option<usize>,
+    stats: PoolStats,
+    /// An error met where it could not be returned (in `Drop`); surfaced by the next allocation.
+    deferred: Option<Error>,
+}
+
+/// A caching pool over one device's memory. Shared (`Arc`) by every buffer it hands out.
+pub struct MemoryPool {
+    device: Arc<dyn Device>,
+    source: Source,
+    streams: Arc<StreamRegistry>,
+    state: Mutex<State>,
+}
+
+impl fmt::Debug for MemoryPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "MemoryPool({}, {:?})", self.device.id(), self.source)
+    }
+}
+
+fn is_small(size: usize) -> bool {
+    size <= SMALL_REQUEST
+}
+
+impl MemoryPool {
+    pub(crate) fn new(device: Arc<dyn Device>, source: Source, streams: Arc<StreamRegistry>) -> MemoryPool {
+        MemoryPool { device, source, streams, state: Mutex::new(State::default()) }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The size of the block a request of `bytes` gets.
+    pub fn block_size(&self, bytes: usize) -> usize {
+        round_up(bytes.max(1), MIN_BLOCK).unwrap_or(usize::MAX)
+    }
+
+    fn segment_size(size: usize) -> usize {
+        if is_small(size) {
+            SMALL_SEGMENT
+        } else if size < SHARED_LARGE_LIMIT {
+            LARGE_SEGMENT
+        } else {
+            round_up(size, LARGE_ROUND).unwrap_or(size)
+        }
+    }
+
+    /// Allocates `bytes` for work on `stream` (`StreamId::HOST` for synchronous host use).
+    pub fn allocate(self: &Arc<Self>, bytes: usize, stream: StreamId) -> Result<Buffer> {
+        let size = round_up(bytes.max(1), MIN_BLOCK)
+            .filter(|&s| s <= isize::MAX as usize)
+            .ok_or_else(|| self.oom_error(&self.lock(), bytes, false))?;
+        let mut retried = false;
+        loop {
+            let mut state = self.lock();
+            if let Some(error) = state.deferred.take() {
+                return Err(error);
+            }
+            state.stats.largest_recent_request = state.stats.largest_recent_request.max(bytes);
+            Self::process_pending(&mut state);
+            if let Some(addr) = Self::take_free(&mut state, size, stream) {
+                state.stats.num_cache_hits += 1;
+                return Ok(self.hand_out(&mut state, addr, bytes, stream));
+            }
+            if let Some(addr) = self.grow(&mut state, size, stream) {
+                return Ok(self.hand_out(&mut state, addr, bytes, stream));
+            }
+            if retried {
+                state.stats.num_ooms += 1;
+                return Err(self.oom_error(&state, bytes, false));
+            }
+            // Free the cache and try once more. Synchronize without the lock: host callbacks
+            // on the streams may free buffers themselves.
+            state.stats.num_alloc_retries += 1;
+            drop(state);
+            retried = true;
+            let synced = self.streams.synchronize_all();
+            let mut state = self.lock();
+            if let Err(error) = synced {
+                state.deferred.get_or_insert(error);
+            }
+            Self::process_pending(&mut state);
+            self.release_cached(&mut state);
+        }
+    }
+
+    /// One block carved into 64-byte-aligned sub-buffers of `sizes` (the seed's 4.1.1): one
+    /// pool operation for many small tensors.
+    pub fn allocate_many(self: &Arc<Self>, sizes: &[usize], stream: StreamId) -> Result<Vec<SubBuffer>> {
+        let (total, offsets) = carve(sizes).ok_or_else(|| self.oom_error(&self.lock(), usize::MAX, false))?;
+        let block = Arc::new(self.allocate(total, stream)?);
+        Ok(offsets
+            .into_iter()
+            .zip(sizes)
+            .map(|(offset, &len)| SubBuffer { block: Arc::clone(&block), offset, len })
+            .collect())
+    }
+
+    /// A child pool drawing from this one, limited to `quota` bytes (rounded block sizes).
+    pub fn child(self: &Arc<Self>, quota: usize) -> ChildPool {
+        ChildPool { parent: Arc::clone(self), quota: Arc::new(Quota::new(quota)) }
+    }
+
+    fn hand_out(self: &Arc<Self>, state: &mut State, addr: usize, bytes: usize, stream: StreamId) -> Buffer {
+        let info = state.blocks.get_mut(&addr).expect("handed-out block is tracked");
+        info.allocated = true;
+        let size = info.size;
+        let stats = &mut state.stats;
+        stats.num_allocs += 1;
+        stats.allocated_blocks += 1;
+        stats.allocated_bytes_current += size;
+        stats.allocated_bytes_peak = stats.allocated_bytes_peak.max(stats.allocated_bytes_current);
+        Buffer {
+            pool: Arc::clone(self),
+            ptr: DevicePtr(addr),
+            len: bytes,
+            stream,
+            used_on: Mutex::new(Vec::new()),
+            quota: None,
+        }
+    }
+
+    /// Best fit among this stream's cached blocks of the same class; splits off the rest.
+    fn take_free(state: &mut State, size: usize, stream: StreamId) -> Option<usize> {
+        let small = is_small(size);
+        let probe = FreeKey { small, stream, size, addr: 0 };
+        let key = *state.free.range(probe..).next().filter(|k| k.small == small && k.stream == stream)?;
+        state.free.remove(&key);
+        state.stats.free_blocks -= 1;
+        let remainder = key.size - size;
+        // Small blocks split down to MIN_BLOCK; large ones only when the rest is itself large,
+        // so big segments don't fill up with slivers.
+        let split = if small { remainder >= MIN_BLOCK } else { remainder > SMALL_REQUEST };
+        if split {
+            let info = state.blocks.get_mut(&key.addr).expect("free block is tracked");
+            info.size = size;
+            let rest = BlockInfo { size: remainder, ..*info };
+            let rest_addr = key.addr + size;
+            state.blocks.insert(rest_addr, rest);
+            state.free.insert(FreeKey { small, stream, size: remainder, addr: rest_addr });
+            state.stats.free_blocks += 1;
+        }
+        Some(key.addr)
+    }
+
+    /// Reserves a new segment for `size` and returns its first block, or `None` when the limit
+    /// or the device says no.
+    fn grow(&self, state: &mut State, size: usize, stream: StreamId) -> Option<usize> {
+        let small = is_small(size);
+        let preferred = Self::segment_size(size);
+        let fits = |bytes: usize| state.limit.is_none_or(|l| state.stats.reserved_bytes_current + bytes <= l);
+        // Under a tight limit, a segment of exactly the request beats failing.
+        let seg_size = [preferred, size].into_iter().find(|&s| fits(s))?;
+        let base = match self.source {
+            Source::Device => self.device.allocate_raw(seg_size),
+            Source::Pinned => self.device.allocate_pinned(seg_size),
+        }
+        .ok()?;
+        let addr = base.0;
+        state.segments.insert(addr, Segment { size: seg_size });
+        state.blocks.insert(addr, BlockInfo { size: seg_size, segment: addr, stream, small, allocated: false });
+        let stats = &mut state.stats;
+        stats.reserved_bytes_current += seg_size;
+        stats.reserved_bytes_peak = stats.reserved_bytes_peak.max(stats.reserved_bytes_current);
+        stats.total_memory = stats.reserved_bytes_current;
+        // Carve the request out of the new segment the same way a cached block is carved.
+        state.free.insert(FreeKey { small, stream, size: seg_size, addr });
+        state.stats.free_blocks += 1;
+        Self::take_free(state, size, stream)
+    }
+
+    /// Returns a block. Called from `Buffer::drop`: never fails, never panics.
+    pub(super) fn release(&self, ptr: DevicePtr, used_on: Vec<Stream>) {
+        let mut events = Vec::new();
+        for stream in &used_on {
+            match stream.record_new_event() {
+                Ok(event) => events.push(event),
+                // No event: wait for the stream instead, and keep its error for later.
+                Err(error) => {
+                    if let Err(sync_error) = stream.synchronize() {
+                        self.lock().deferred.get_or_insert(sync_error);
+                    }
+                    self.lock().deferred.get_or_insert(error);
+                }
+            }
+        }
+        let mut state = self.lock();
+        if events.is_empty() {
+            Self::free_block(&mut state, ptr.0);
+        } else {
+            state.stats.pending_free_blocks += 1;
+            state.pending.push(PendingFree { addr: ptr.0, events });
+        }
+    }
+
+    fn process_pending(state: &mut State) {
+        if state.pending.is_empty() {
+            return;
+        }
+        let (ready, waiting): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut state.pending).into_iter().partition(|p| p.events.iter().all(Event::query));
+        state.pending = waiting;
+        for p in ready {
+            state.stats.pending_free_blocks -= 1;
+            Self::free_block(state, p.addr);
+        }
+    }
+
+    /// Marks a block free and merges it with free neighbours of the same segment.
+    fn free_block(state: &mut State, addr: usize) {
+        let Some(info) = state.blocks.get(&addr).copied().filter(|b| b.allocated) else { return };
+        state.stats.allocated_blocks -= 1;
+        state.stats.allocated_bytes_current -= info.size;
+        let (mut start, mut size) = (addr, info.size);
+        let mergeable = |n: &BlockInfo| !n.allocated && n.segment == info.segment;
+        if let Some((&prev_addr, &prev)) = state.blocks.range(..addr).next_back() {
+            if mergeable(&prev) && prev_addr + prev.size == addr && state.free.remove(&key_of(prev_addr, &prev)) {
+                state.blocks.remove(&addr);
+                state.stats.free_blocks -= 1;
+                start = prev_addr;
+                size += prev.size;
+            }
+        }
+        let next_addr = addr + info.size;
+        if let Some(&next) = state.blocks.get(&next_addr) {
+            if mergeable(&next) && state.free.remove(&key_of(next_addr, &next)) {
+                state.blocks.remove(&next_addr);
+                state.stats.free_blocks -= 1;
+                size += next.size;
+            }
+        }
+        let merged = BlockInfo { size, allocated: false, ..info };
+        state.blocks.insert(start, merged);
+        state.free.insert(key_of(start, &merged));
+        state.stats.free_blocks += 1;
+    }
+
+    /// Returns every fully free segment to the device. Callers synchronize first.
+    fn release_cached(&self, state: &mut State) {
+        let whole: Vec<(usize, usize)> = state
+            .segments
+            .iter()
+            .filter(|(addr, seg)| {
+                state.blocks.get(addr).is_some_and(|b| !b.allocated && b.size == seg.size)
+            })
+            .map(|(&addr, seg)| (addr, seg.size))
+            .collect();
+        for (addr, size) in whole {
+            let info = state.blocks.remove(&addr).expect("segment head is tracked");
+            state.free.remove(&key_of(addr, &info));
+            state.segments.remove(&addr);
+            state.stats.free_blocks -= 1;
+            state.stats.reserved_bytes_current -= size;
+            state.stats.total_memory = state.stats.reserved_bytes_current;
+            match self.source {
+                Source::Device => self.device.free_raw(DevicePtr(addr), size),
+                Source::Pinned => self.device.free_pinned(DevicePtr(addr), size),
+            }
+        }
+    }
+
+    /// Synchronizes the device and returns all cached (unused) memory to it.
+    pub fn empty_cache(&self) -> Result<()> {
+        let synced = self.streams.synchronize_all();
+        let mut state = self.lock();
+        Self::process_pending(&mut state);
+        self.release_cached(&mut state);
+        synced
+    }
+
+    /// Caps reserved bytes; `None` removes the cap. Cached memory above a new cap is released.
+    pub fn set_limit(&self, limit: Option<usize>) -> Result<()> {
+        let over = {
+            let mut state = self.lock();
+            state.limit = limit;
+            state.stats.limit = limit;
+            limit.is_some_and(|l| state.stats.reserved_bytes_current > l)
+        };
+        if over {
+            self.empty_cache()?;
+        }
+        Ok(())
+    }
+
+    pub fn reset_peak_stats(&self) {
+        let mut state = self.lock();
+        let stats = &mut state.stats;
+        stats.allocated_bytes_peak = stats.allocated_bytes_current;
+        stats.reserved_bytes_peak = stats.reserved_bytes_current;
+        stats.largest_recent_request = 0;
+    }
+
+    pub fn stats(&self) -> PoolStats {
+        let mut state = self.lock();
+        Self::process_pending(&mut state);
+        let largest = state.stats.largest_recent_request;
+        let fragmented = state.free.iter().filter(|k| k.size < largest).map(|k| k.size).sum();
+        PoolStats { fragmented_bytes: fragmented, ..state.stats.clone() }
+    }
+
+    fn oom_error(&self, state: &State, requested: usize, quota: bool) -> Error {
+        Error::OutOfMemory {
+            device: self.device.id().to_string(),
+            requested,
+            limit: state.limit,
+            allocated: state.stats.allocated_bytes_current,
+            cached: state.stats.reserved_bytes_current - state.stats.allocated_bytes_current,
+            quota,
+        }
+    }
+}
+
+fn key_of(addr: usize, info: &BlockInfo) -> FreeKey {
+    FreeKey { small: info.small, stream: info.stream, size: info.size, addr }
+}
+
+/// Offsets of 64-byte-aligned sub-blocks for `sizes`, and the total bytes they span.
+fn carve(sizes: &[usize]) -> Option<(usize, Vec<usize>)> {
+    let mut offsets = Vec::with_capacity(sizes.len());
+    let mut total = 0usize;
+    for &size in sizes {
+        offsets.push(total);
+        total = round_up(total.checked_add(size)?, ALIGNMENT)?;
+    }
+    Some((total, offsets))
+}
+
+/// A child pool's byte quota: what it has in use now and at its peak.
+#[derive(Debug)]
+pub(crate) struct Quota {
+    limit: usize,
+    used: Mutex<(usize, usize)>,
+}
+
+impl Quota {
+    fn new(limit: usize) -> Quota {
+        Quota { limit, used: Mutex::new((0, 0)) }
+    }
+
+    fn take(&self, bytes: usize) -> std::result::Result<(), usize> {
+        let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
+        if used.0.checked_add(bytes).is_none_or(|total| total > self.limit) {
+            return Err(used.0);
+        }
+        used.0 += bytes;
+        used.1 = used.1.max(used.0);
+        Ok(())
+    }
+
+    pub(super) fn give_back(&self, bytes: usize) {
+        let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
+        used.0 = used.0.saturating_sub(bytes);
+    }
+}
+
+/// A pool with its own byte quota that draws its blocks from a parent pool (the server's
+/// per-session pools). Its memory is cached by the parent, so sessions share warm blocks but
+/// can never hold more than their quota.
+#[derive(Debug, Clone)]
+pub struct ChildPool {
+    parent: Arc<MemoryPool>,
+    quota: Arc<Quota>,
+}
+
+impl ChildPool {
+    pub fn allocate(&self, bytes: usize, stream: StreamId) -> Result<Buffer> {
+        let size = self.parent.block_size(bytes);
+        if let Err(in_use) = self.quota.take(size) {
+            let state = self.parent.lock();
+            return Err(Error::OutOfMemory {
+                device: self.parent.device.id().to_string(),
+                requested: bytes,
+                limit: Some(self.quota.limit),
+                allocated: in_use,
+                cached: state.stats.reserved_bytes_current - state.stats.allocated_bytes_current,
+                quota: true,
+            });
+        }
+        match self.parent.allocate(bytes, stream) {
+            Ok(mut buffer) => {
+                buffer.quota = Some(Arc::clone(&self.quota));
+                Ok(buffer)
+            }
+            Err(error) => {
+                self.quota.give_back(size);
+                Err(error)
+            }
+        }
+    }
+
+    pub fn allocate_many(&self, sizes: &[usize], stream: StreamId) -> Result<Vec<SubBuffer>> {
+        let (total, offsets) = carve(sizes).ok_or_else(|| self.parent.oom_error(&self.parent.lock(), usize::MAX, true))?;
+        let block = Arc::new(self.allocate(total, stream)?);
+        Ok(offsets
+            .into_iter()
+            .zip(sizes)
+            .map(|(offset, &len)| SubBuffer { block: Arc::clone(&block), offset, len })
+            .collect())
+    }
+
+    pub fn quota(&self) -> usize {
+        self.quota.limit
+    }
+
+    /// (bytes in use, peak bytes in use), counted in block sizes.
+    pub fn usage(&self) -> (usize, usize) {
+        *self.quota.used.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}

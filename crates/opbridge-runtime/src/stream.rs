@@ -1,0 +1,201 @@
+//! Streams, events and the per-thread current stream (the seed's stream manager).
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+use crate::device::{CopyKind, Device, DeviceId, DevicePtr, EventBackend, HostFn, StreamBackend};
+use crate::error::Result;
+use crate::DeviceContext;
+
+/// Identifies a stream inside its device. `StreamId::HOST` is the synchronous host path (the
+/// numpy convenience path), which never has work in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StreamId(pub u64);
+
+impl StreamId {
+    pub const HOST: StreamId = StreamId(0);
+}
+
+static NEXT_STREAM: AtomicU64 = AtomicU64::new(1);
+
+struct StreamInner {
+    id: StreamId,
+    device: Arc<dyn Device>,
+    backend: Arc<dyn StreamBackend>,
+}
+
+/// A stream: an ordered queue of work on one device. Cheap to clone (a shared handle).
+#[derive(Clone)]
+pub struct Stream(Arc<StreamInner>);
+
+impl fmt::Debug for Stream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Stream({} #{})", self.0.device.id(), self.0.id.0)
+    }
+}
+
+impl PartialEq for Stream {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.id == other.0.id
+    }
+}
+impl Eq for Stream {}
+
+impl Stream {
+    /// Creates a new stream on the device of `ctx` and registers it for `synchronize_all`.
+    pub fn new(ctx: &DeviceContext) -> Result<Stream> {
+        let backend = ctx.device().create_stream()?;
+        let stream = Stream(Arc::new(StreamInner {
+            id: StreamId(NEXT_STREAM.fetch_add(1, Ordering::Relaxed)),
+            device: Arc::clone(ctx.device()),
+            backend,
+        }));
+        ctx.streams.register(&stream);
+        Ok(stream)
+    }
+
+    pub fn id(&self) -> StreamId {
+        self.0.id
+    }
+
+    pub fn device(&self) -> DeviceId {
+        self.0.device.id()
+    }
+
+    /// Enqueues a kernel; returns at once.
+    pub fn launch(&self, kernel: HostFn) -> Result<()> {
+        self.0.backend.launch(kernel)
+    }
+
+    /// Enqueues a host function, run after all earlier work on this stream.
+    pub fn launch_host_func(&self, func: HostFn) -> Result<()> {
+        self.0.backend.launch_host_func(func)
+    }
+
+    /// Enqueues an asynchronous copy.
+    pub fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize, kind: CopyKind) -> Result<()> {
+        self.0.backend.copy(dst, src, bytes, kind)
+    }
+
+    /// Records a fresh event at the current end of this stream.
+    pub fn record_new_event(&self) -> Result<Event> {
+        let event = Event::from_device(self.0.device.as_ref())?;
+        event.record(self)?;
+        Ok(event)
+    }
+
+    /// Later work on this stream waits for `event`.
+    pub fn wait_event(&self, event: &Event) -> Result<()> {
+        self.0.backend.wait(&event.backend)
+    }
+
+    /// Blocks until everything enqueued so far is done; reports the first asynchronous error.
+    pub fn synchronize(&self) -> Result<()> {
+        self.0.backend.synchronize()
+    }
+
+    /// True when everything enqueued so far is done.
+    pub fn query(&self) -> bool {
+        self.0.backend.query()
+    }
+}
+
+/// An event: records a point in a stream; waited on, queried, and timed.
+#[derive(Clone)]
+pub struct Event {
+    device: DeviceId,
+    backend: Arc<dyn EventBackend>,
+}
+
+impl fmt::Debug for Event {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Event({}, done={})", self.device, self.query())
+    }
+}
+
+impl Event {
+    pub fn new(ctx: &DeviceContext) -> Result<Event> {
+        Event::from_device(ctx.device().as_ref())
+    }
+
+    fn from_device(device: &dyn Device) -> Result<Event> {
+        Ok(Event { device: device.id(), backend: device.create_event()? })
+    }
+
+    pub fn device(&self) -> DeviceId {
+        self.device
+    }
+
+    /// Marks the current end of `stream`; the event completes when the stream gets there.
+    pub fn record(&self, stream: &Stream) -> Result<()> {
+        stream.0.backend.record(&self.backend)
+    }
+
+    pub fn synchronize(&self) -> Result<()> {
+        self.backend.synchronize()
+    }
+
+    pub fn query(&self) -> bool {
+        self.backend.query()
+    }
+
+    /// Milliseconds between this event and `end` (both recorded and complete).
+    pub fn elapsed_ms(&self, end: &Event) -> Result<f64> {
+        self.backend.elapsed_ms(end.backend.as_ref())
+    }
+}
+
+/// Every live stream of a device, so `synchronize()` can wait for all of them.
+#[derive(Default)]
+pub(crate) struct StreamRegistry {
+    streams: Mutex<Vec<Weak<StreamInner>>>,
+}
+
+impl StreamRegistry {
+    fn register(&self, stream: &Stream) {
+        let mut streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        streams.retain(|s| s.strong_count() > 0);
+        streams.push(Arc::downgrade(&stream.0));
+    }
+
+    /// Synchronizes every live stream; returns the first error after waiting for all.
+    pub(crate) fn synchronize_all(&self) -> Result<()> {
+        let live: Vec<Stream> = {
+            let streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+            streams.iter().filter_map(Weak::upgrade).map(Stream).collect()
+        };
+        let mut first = Ok(());
+        for stream in live {
+            let outcome = stream.synchronize();
+            if first.is_ok() {
+                first = outcome;
+            }
+        }
+        first
+    }
+}
+
+thread_local! {
+    /// This thread's current stream per device, created on first use.
+    static CURRENT: RefCell<HashMap<DeviceId, Stream>> = RefCell::new(HashMap::new());
+}
+
+/// The calling thread's current stream on `ctx`'s device, created lazily: each host thread
+/// gets its own, so threads never serialize behind each other's work.
+pub fn current_stream(ctx: &DeviceContext) -> Result<Stream> {
+    if let Some(stream) = CURRENT.with(|c| c.borrow().get(&ctx.id()).cloned()) {
+        return Ok(stream);
+    }
+    let stream = Stream::new(ctx)?;
+    CURRENT.with(|c| c.borrow_mut().insert(ctx.id(), stream.clone()));
+    Ok(stream)
+}
+
+/// Makes `stream` the calling thread's current stream of its device; returns the previous one
+/// (what a `with stream:` block restores on exit).
+pub fn set_current_stream(stream: Stream) -> Option<Stream> {
+    CURRENT.with(|c| c.borrow_mut().insert(stream.device(), stream))
+}

@@ -1,0 +1,246 @@
+//! Tensors: a storage (a pool block or borrowed external memory), a dtype and a strided layout,
+//! plus what's needed to order work on it across streams.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use crate::device::{DeviceId, DevicePtr, HostFn};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::memory::Buffer;
+use crate::stream::{Event, Stream, StreamId};
+use crate::DeviceContext;
+
+/// Where a tensor's bytes live.
+pub enum Storage {
+    /// A block of the device's caching pool, returned to it when the storage drops.
+    Pool(Buffer),
+    /// Memory owned by another library (a numpy array through DLPack). `owner` keeps it alive
+    /// and releases it when dropped.
+    External { ptr: DevicePtr, len: usize, device: DeviceId, owner: Box<dyn Send + Sync> },
+}
+
+impl fmt::Debug for Storage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Storage::Pool(buffer) => write!(f, "{buffer:?}"),
+            Storage::External { ptr, len, device, .. } => write!(f, "External({device}, {:#x}, {len} bytes)", ptr.0),
+        }
+    }
+}
+
+impl Storage {
+    pub fn ptr(&self) -> DevicePtr {
+        match self {
+            Storage::Pool(buffer) => buffer.ptr(),
+            Storage::External { ptr, .. } => *ptr,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            Storage::Pool(buffer) => buffer.len(),
+            Storage::External { len, .. } => *len,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The last accesses of a tensor by stream work, so later work on other streams waits for them.
+#[derive(Debug, Default)]
+struct Access {
+    write: Option<(StreamId, Event)>,
+    reads: Vec<(StreamId, Event)>,
+}
+
+/// An n-dimensional array on a device. Not `Clone`: device memory is never duplicated
+/// implicitly; share it with `Arc<Tensor>`.
+pub struct Tensor {
+    storage: Arc<Storage>,
+    dtype: DType,
+    shape: Vec<usize>,
+    /// Strides in elements.
+    strides: Vec<isize>,
+    /// Offset of element 0 from the storage start, in bytes.
+    offset: usize,
+    device: DeviceId,
+    access: Mutex<Access>,
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Tensor({:?}, {}, {}, {:?})", self.shape, self.dtype, self.device, self.storage)
+    }
+}
+
+/// Number of elements of `shape`, `None` on overflow.
+pub fn numel(shape: &[usize]) -> Option<usize> {
+    shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d))
+}
+
+/// Row-major (C-order) strides in elements.
+pub fn contiguous_strides(shape: &[usize]) -> Vec<isize> {
+    let mut strides = vec![1isize; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * shape[i + 1].max(1) as isize;
+    }
+    strides
+}
+
+impl Tensor {
+    /// An uninitialized contiguous tensor from the device pool, for work on `stream`.
+    pub fn empty(ctx: &DeviceContext, shape: &[usize], dtype: DType, stream: StreamId) -> Result<Tensor> {
+        let bytes = numel(shape)
+            .and_then(|n| n.checked_mul(dtype.size()))
+            .ok_or_else(|| Error::Layout(format!("shape {shape:?} of {dtype} overflows the address space")))?;
+        let buffer = ctx.pool().allocate(bytes, stream)?;
+        Ok(Tensor::from_storage(Arc::new(Storage::Pool(buffer)), ctx.id(), dtype, shape.to_vec(), None, 0)
+            .expect("a fresh contiguous layout fits its buffer"))
+    }
+
+    /// A tensor over existing storage; checks that every element lies inside it.
+    pub fn from_storage(
+        storage: Arc<Storage>,
+        device: DeviceId,
+        dtype: DType,
+        shape: Vec<usize>,
+        strides: Option<Vec<isize>>,
+        offset: usize,
+    ) -> Result<Tensor> {
+        let strides = strides.unwrap_or_else(|| contiguous_strides(&shape));
+        if strides.len() != shape.len() {
+            return Err(Error::Layout(format!("{} strides for {} dimensions", strides.len(), shape.len())));
+        }
+        let n = numel(&shape).ok_or_else(|| Error::Layout(format!("shape {shape:?} overflows")))?;
+        if n > 0 {
+            let (mut low, mut high) = (0isize, 0isize);
+            for (&d, &s) in shape.iter().zip(&strides) {
+                let reach = (d as isize - 1).checked_mul(s).ok_or_else(|| Error::Layout("stride overflow".into()))?;
+                if reach < 0 {
+                    low += reach;
+                } else {
+                    high += reach;
+                }
+            }
+            let size = dtype.size() as isize;
+            let first = offset as isize + low * size;
+            let end = offset as isize + (high + 1) * size;
+            if first < 0 || end as usize > storage.len() {
+                return Err(Error::Layout(format!(
+                    "shape {shape:?} with strides {strides:?} at offset {offset} reaches outside its {} bytes",
+                    storage.len()
+                )));
+            }
+        }
+        Ok(Tensor { storage, dtype, shape, strides, offset, device, access: Mutex::new(Access::default()) })
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    pub fn strides(&self) -> &[isize] {
+        &self.strides
+    }
+
+    pub fn device(&self) -> DeviceId {
+        self.device
+    }
+
+    pub fn storage(&self) -> &Arc<Storage> {
+        &self.storage
+    }
+
+    pub fn numel(&self) -> usize {
+        numel(&self.shape).unwrap_or(0)
+    }
+
+    pub fn nbytes(&self) -> usize {
+        self.numel() * self.dtype.size()
+    }
+
+    /// Address of element 0.
+    pub fn data_ptr(&self) -> DevicePtr {
+        self.storage.ptr().offset(self.offset)
+    }
+
+    pub fn byte_offset(&self) -> usize {
+        self.offset
+    }
+
+    /// Row-major with no gaps (size-1 dimensions may have any stride).
+    pub fn is_contiguous(&self) -> bool {
+        let expected = contiguous_strides(&self.shape);
+        self.shape.iter().zip(self.strides.iter().zip(&expected)).all(|(&d, (&s, &e))| d <= 1 || s == e)
+    }
+
+    /// Enqueues `kernel` on `stream`, ordered after earlier work on these tensors on other
+    /// streams (reads wait for writes; writes wait for reads and writes). The pool learns which
+    /// blocks the stream uses, so freeing them is safe without `record_stream`.
+    pub fn launch(stream: &Stream, reads: &[&Tensor], writes: &[&Tensor], kernel: HostFn) -> Result<()> {
+        let mut waits: Vec<Event> = Vec::new();
+        let mut wait_for = |owner: StreamId, event: &Event| {
+            if owner != stream.id() && !event.query() {
+                waits.push(event.clone());
+            }
+        };
+        for tensor in reads {
+            if let Some((owner, event)) = &tensor.lock_access().write {
+                wait_for(*owner, event);
+            }
+        }
+        for tensor in writes {
+            let access = tensor.lock_access();
+            for (owner, event) in access.write.iter().chain(&access.reads) {
+                wait_for(*owner, event);
+            }
+        }
+        for event in &waits {
+            stream.wait_event(event)?;
+        }
+        for tensor in reads.iter().chain(writes) {
+            if let Storage::Pool(buffer) = tensor.storage.as_ref() {
+                buffer.record_use(stream);
+            }
+        }
+        stream.launch(kernel)?;
+        let done = stream.record_new_event()?;
+        for tensor in reads {
+            let mut access = tensor.lock_access();
+            access.reads.retain(|(_, e)| !e.query());
+            access.reads.push((stream.id(), done.clone()));
+        }
+        for tensor in writes {
+            let mut access = tensor.lock_access();
+            access.reads.retain(|(_, e)| !e.query());
+            access.write = Some((stream.id(), done.clone()));
+        }
+        Ok(())
+    }
+
+    /// Blocks until all enqueued work writing this tensor is done (before host reads).
+    pub fn wait_ready(&self) -> Result<()> {
+        let pending = self.lock_access().write.as_ref().map(|(_, e)| e.clone());
+        pending.map_or(Ok(()), |event| event.synchronize())
+    }
+
+    /// Blocks until all enqueued work reading or writing this tensor is done (before host writes).
+    pub fn wait_idle(&self) -> Result<()> {
+        let events: Vec<Event> = {
+            let access = self.lock_access();
+            access.write.iter().chain(&access.reads).map(|(_, e)| e.clone()).collect()
+        };
+        events.iter().try_for_each(Event::synchronize)
+    }
+
+    fn lock_access(&self) -> std::sync::MutexGuard<'_, Access> {
+        self.access.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
