@@ -1,1 +1,37 @@
+//! `opbridge._native`: the PyO3 bindings. Conversion, GIL handling and error mapping only; the
+//! work lives in `opbridge-runtime` and `opbridge-ops`.
 
+mod errors;
+mod ffi;
+mod host;
+mod memory;
+mod ops;
+mod stream;
+mod tensor;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    errors::register(m)?;
+    m.add_class::<tensor::PyTensor>()?;
+    m.add_class::<stream::PyStream>()?;
+    m.add_class::<stream::PyEvent>()?;
+    m.add_class::<memory::PooledMemory>()?;
+    m.add_function(wrap_pyfunction!(ops::vector_add, m)?)?;
+    m.add_function(wrap_pyfunction!(ops::matmul, m)?)?;
+    m.add_function(wrap_pyfunction!(tensor::asarray, m)?)?;
+    m.add_function(wrap_pyfunction!(tensor::empty, m)?)?;
+    m.add_function(wrap_pyfunction!(tensor::zeros, m)?)?;
+    m.add_function(wrap_pyfunction!(tensor::from_dlpack, m)?)?;
+    m.add_function(wrap_pyfunction!(stream::current_stream, m)?)?;
+    m.add_function(wrap_pyfunction!(stream::synchronize, m)?)?;
+    m.add_function(wrap_pyfunction!(memory::get_memory_pool_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(memory::set_memory_limit, m)?)?;
+    m.add_function(wrap_pyfunction!(memory::empty_cache, m)?)?;
+    m.add_function(wrap_pyfunction!(memory::reset_peak_memory_stats, m)?)?;
+    m.add("GIL_RELEASE_BYTES", host::GIL_RELEASE_BYTES)?;
+    m.add("POOL_OUTPUT_MIN_BYTES", host::POOL_OUTPUT_MIN_BYTES)?;
+    m.add("PARALLEL_MIN_ELEMS", opbridge_ops::PARALLEL_MIN_ELEMS)?;
+    Ok(())
+}

@@ -25,6 +25,19 @@ struct StreamInner {
     id: StreamId,
     device: Arc<dyn Device>,
     backend: Arc<dyn StreamBackend>,
+    registry: Weak<StreamRegistry>,
+}
+
+impl Drop for StreamInner {
+    /// Work queued on a dropped stream still runs (as after `cudaStreamDestroy`): hand the
+    /// backend to the registry so device-wide synchronization keeps waiting for it.
+    fn drop(&mut self) {
+        if !self.backend.query() {
+            if let Some(registry) = self.registry.upgrade() {
+                registry.retire(Arc::clone(&self.backend));
+            }
+        }
+    }
 }
 
 /// A stream: an ordered queue of work on one device. Cheap to clone (a shared handle).
@@ -52,6 +65,7 @@ impl Stream {
             id: StreamId(NEXT_STREAM.fetch_add(1, Ordering::Relaxed)),
             device: Arc::clone(ctx.device()),
             backend,
+            registry: Arc::downgrade(&ctx.streams),
         }));
         ctx.streams.register(&stream);
         Ok(stream)
@@ -148,10 +162,12 @@ impl Event {
     }
 }
 
-/// Every live stream of a device, so `synchronize()` can wait for all of them.
+/// Every live stream of a device, so `synchronize()` can wait for all of them, and dropped
+/// streams whose queued work has not finished yet.
 #[derive(Default)]
 pub(crate) struct StreamRegistry {
     streams: Mutex<Vec<Weak<StreamInner>>>,
+    retired: Mutex<Vec<Arc<dyn StreamBackend>>>,
 }
 
 impl StreamRegistry {
@@ -159,21 +175,30 @@ impl StreamRegistry {
         let mut streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
         streams.retain(|s| s.strong_count() > 0);
         streams.push(Arc::downgrade(&stream.0));
+        drop(streams);
+        self.retired.lock().unwrap_or_else(|p| p.into_inner()).retain(|b| !b.query());
     }
 
-    /// Synchronizes every live stream; returns the first error after waiting for all.
+    fn retire(&self, backend: Arc<dyn StreamBackend>) {
+        self.retired.lock().unwrap_or_else(|p| p.into_inner()).push(backend);
+    }
+
+    /// Synchronizes every live stream and the unfinished work of dropped ones; returns the
+    /// first error after waiting for all.
     pub(crate) fn synchronize_all(&self) -> Result<()> {
         let live: Vec<Stream> = {
             let streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
             streams.iter().filter_map(Weak::upgrade).map(Stream).collect()
         };
+        let retired: Vec<Arc<dyn StreamBackend>> = self.retired.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let mut first = Ok(());
-        for stream in live {
-            let outcome = stream.synchronize();
+        let outcomes = live.iter().map(Stream::synchronize).chain(retired.iter().map(|b| b.synchronize()));
+        for outcome in outcomes {
             if first.is_ok() {
                 first = outcome;
             }
         }
+        self.retired.lock().unwrap_or_else(|p| p.into_inner()).retain(|b| !b.query());
         first
     }
 }
@@ -197,5 +222,14 @@ pub fn current_stream(ctx: &DeviceContext) -> Result<Stream> {
 /// Makes `stream` the calling thread's current stream of its device; returns the previous one
 /// (what a `with stream:` block restores on exit).
 pub fn set_current_stream(stream: Stream) -> Option<Stream> {
-    CURRENT.with(|c| c.borrow_mut().insert(stream.device(), stream))
+    replace_current_stream(stream.device(), Some(stream))
+}
+
+/// Sets (or, with `None`, clears back to lazily created) the calling thread's current stream
+/// on `device`; returns the previous one.
+pub fn replace_current_stream(device: DeviceId, stream: Option<Stream>) -> Option<Stream> {
+    CURRENT.with(|c| match stream {
+        Some(stream) => c.borrow_mut().insert(device, stream),
+        None => c.borrow_mut().remove(&device),
+    })
 }

@@ -210,7 +210,24 @@ impl Tensor {
                 buffer.record_use(stream);
             }
         }
-        stream.launch(kernel)?;
+        // Borrowed memory (a numpy array) must outlive the kernel even if every tensor over it
+        // is dropped first: the kernel holds its storage until it has run. Pool blocks need no
+        // such hold: the pool's stream-ordered reuse covers them.
+        let borrowed: Vec<Arc<Storage>> = reads
+            .iter()
+            .chain(writes)
+            .filter(|t| matches!(t.storage.as_ref(), Storage::External { .. }))
+            .map(|t| Arc::clone(&t.storage))
+            .collect();
+        if borrowed.is_empty() {
+            stream.launch(kernel)?;
+        } else {
+            stream.launch(Box::new(move || {
+                let outcome = kernel();
+                drop(borrowed);
+                outcome
+            }))?;
+        }
         let done = stream.record_new_event()?;
         for tensor in reads {
             let mut access = tensor.lock_access();
@@ -223,6 +240,11 @@ impl Tensor {
             access.write = Some((stream.id(), done.clone()));
         }
         Ok(())
+    }
+
+    /// True when no enqueued work still writes this tensor.
+    pub fn is_ready(&self) -> bool {
+        self.lock_access().write.as_ref().is_none_or(|(_, e)| e.query())
     }
 
     /// Blocks until all enqueued work writing this tensor is done (before host reads).

@@ -1,0 +1,30 @@
+//! The operator layer's error type: argument problems found before launch, or runtime errors.
+
+use opbridge_runtime::DType;
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum OpError {
+    /// Shapes that the operator cannot combine.
+    #[error("{op}: expected {expected}, got {got}")]
+    Shape { op: &'static str, expected: String, got: String },
+    /// A dtype the operator does not support, or a mismatch with `out=`.
+    #[error("{op}: expected {expected}, got {got}")]
+    DType { op: &'static str, expected: String, got: String },
+    /// Tensors on different devices, or a device the operator has no kernel for.
+    #[error("{op}: {message}")]
+    Device { op: &'static str, message: String },
+    /// An `out=` that is invalid for the call (read-only, partially overlapping an input...).
+    #[error("{op}: {message}")]
+    Argument { op: &'static str, message: String },
+    #[error(transparent)]
+    Runtime(#[from] opbridge_runtime::Error),
+}
+
+impl OpError {
+    pub fn unsupported_dtype(op: &'static str, supported: &[DType], got: impl ToString) -> OpError {
+        let names: Vec<&str> = supported.iter().map(|d| d.name()).collect();
+        OpError::DType { op, expected: format!("one of {}", names.join(", ")), got: got.to_string() }
+    }
+}
+
+pub type Result<T, E = OpError> = std::result::Result<T, E>;

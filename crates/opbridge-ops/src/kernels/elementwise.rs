@@ -1,0 +1,112 @@
+//! Elementwise binary kernels. Memory-bound: one thread saturates most of a core's bandwidth,
+//! so both cores are used only above `PARALLEL_MIN_ELEMS` (measured, see benchmarks/).
+#![allow(unsafe_code)]
+
+use rayon::prelude::*;
+
+use super::Element;
+use opbridge_runtime::DType;
+
+/// Below this many elements a call stays on the calling thread: waking the pool costs more
+/// than the second core's share of the bandwidth gives back (measured with
+/// `benchmarks/bench_vector_add.py --threshold`).
+pub const PARALLEL_MIN_ELEMS: usize = 1 << 17;
+
+/// Elements per parallel task: big enough to amortize scheduling, small enough to balance.
+const PARALLEL_CHUNK: usize = 1 << 15;
+
+/// How the output relates to the inputs. Exact aliasing is legal (in-place add); partial
+/// overlap is rejected or copied away by the dispatch layer before it gets here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Alias {
+    None,
+    OutIsA,
+    OutIsB,
+    OutIsBoth,
+}
+
+fn add_disjoint<T: Element>(a: &[T], b: &[T], out: &mut [T], parallel: bool) {
+    if parallel {
+        out.par_chunks_mut(PARALLEL_CHUNK)
+            .zip(a.par_chunks(PARALLEL_CHUNK).zip(b.par_chunks(PARALLEL_CHUNK)))
+            .for_each(|(o, (a, b))| add_disjoint(a, b, o, false));
+    } else {
+        for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
+            *o = T::add(x, y);
+        }
+    }
+}
+
+fn add_in_place<T: Element>(inout: &mut [T], b: &[T], parallel: bool) {
+    if parallel {
+        inout
+            .par_chunks_mut(PARALLEL_CHUNK)
+            .zip(b.par_chunks(PARALLEL_CHUNK))
+            .for_each(|(o, b)| add_in_place(o, b, false));
+    } else {
+        for (o, &y) in inout.iter_mut().zip(b) {
+            *o = T::add(*o, y);
+        }
+    }
+}
+
+fn double_in_place<T: Element>(inout: &mut [T], parallel: bool) {
+    if parallel {
+        inout.par_chunks_mut(PARALLEL_CHUNK).for_each(|o| double_in_place(o, false));
+    } else {
+        for o in inout.iter_mut() {
+            *o = T::add(*o, *o);
+        }
+    }
+}
+
+/// `out[i] = a[i] + b[i]` for `n` contiguous elements of `dtype`.
+///
+/// # Safety
+/// `a`, `b` and `out` point to `n` valid, aligned elements of `dtype`; `out` is writable and no
+/// other thread accesses it during the call; `out` is either disjoint from an input or equal
+/// to it, as `alias` says.
+pub unsafe fn add(dtype: DType, a: *const u8, b: *const u8, out: *mut u8, n: usize, alias: Alias) {
+    crate::with_dtype!(dtype, T => {
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { add_typed::<T>(a.cast(), b.cast(), out.cast(), n, alias) }
+    })
+}
+
+/// # Safety
+/// As for [`add`], with typed pointers.
+unsafe fn add_typed<T: Element>(a: *const T, b: *const T, out: *mut T, n: usize, alias: Alias) {
+    let parallel = n >= PARALLEL_MIN_ELEMS;
+    // SAFETY: the caller guarantees validity for `n` elements; each arm builds exactly one
+    // mutable slice, and only over memory no shared slice in the same arm covers.
+    unsafe {
+        let out_slice = std::slice::from_raw_parts_mut(out, n);
+        match alias {
+            Alias::None => {
+                add_disjoint(std::slice::from_raw_parts(a, n), std::slice::from_raw_parts(b, n), out_slice, parallel)
+            }
+            Alias::OutIsA => add_in_place(out_slice, std::slice::from_raw_parts(b, n), parallel),
+            Alias::OutIsB => add_in_place(out_slice, std::slice::from_raw_parts(a, n), parallel),
+            Alias::OutIsBoth => double_in_place(out_slice, parallel),
+        }
+    }
+}
+
+/// Converts `n` contiguous elements from `from` to `to` (numpy's `astype` for the promotions
+/// `a + b` needs: to float through f64, int to int through i64).
+///
+/// # Safety
+/// `src` and `dst` point to `n` valid elements of their dtypes and do not overlap.
+pub unsafe fn cast(from: DType, src: *const u8, to: DType, dst: *mut u8, n: usize) {
+    crate::with_dtype!(from, S => crate::with_dtype!(to, D => {
+        // SAFETY: forwarded from the caller's contract.
+        let (src, dst) = unsafe {
+            (std::slice::from_raw_parts(src.cast::<S>(), n), std::slice::from_raw_parts_mut(dst.cast::<D>(), n))
+        };
+        if to.is_float() {
+            dst.iter_mut().zip(src).for_each(|(d, &s)| *d = D::from_f64(s.to_f64()));
+        } else {
+            dst.iter_mut().zip(src).for_each(|(d, &s)| *d = D::from_i64(s.to_i64()));
+        }
+    }))
+}

@@ -1,0 +1,127 @@
+//! Direct access to numpy arrays through numpy's C API: reading an array's layout costs a few
+//! field loads, with none of the borrow tracking of rust-numpy's typed arrays (which the call
+//! overhead targets cannot afford; aliasing is checked by the ops layer instead).
+
+use std::os::raw::c_int;
+
+use numpy::npyffi::{self, npy_intp, NPY_ARRAY_C_CONTIGUOUS, NPY_ARRAY_WRITEABLE, PY_ARRAY_API};
+use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use opbridge_runtime::DType;
+use pyo3::prelude::*;
+
+/// numpy's dtype descriptor for a runtime dtype.
+pub fn descr(py: Python<'_>, dtype: DType) -> Bound<'_, PyArrayDescr> {
+    match dtype {
+        DType::F16 => numpy::dtype::<half::f16>(py),
+        DType::F32 => numpy::dtype::<f32>(py),
+        DType::F64 => numpy::dtype::<f64>(py),
+        DType::I32 => numpy::dtype::<i32>(py),
+        DType::I64 => numpy::dtype::<i64>(py),
+    }
+}
+
+/// The runtime dtype of a numpy descriptor, or `None` for types opbridge has no kernels for.
+pub fn dtype_of(descr: &Bound<'_, PyArrayDescr>) -> Option<DType> {
+    if descr.has_fields() || descr.has_subarray() {
+        return None;
+    }
+    match (descr.kind(), descr.itemsize()) {
+        (b'f', 2) => Some(DType::F16),
+        (b'f', 4) => Some(DType::F32),
+        (b'f', 8) => Some(DType::F64),
+        (b'i', 4) => Some(DType::I32),
+        (b'i', 8) => Some(DType::I64),
+        _ => None,
+    }
+}
+
+/// A numpy array's layout, read once per call.
+#[derive(Debug)]
+pub struct Layout {
+    pub data: usize,
+    pub flags: c_int,
+}
+
+pub fn layout(array: &Bound<'_, PyUntypedArray>) -> Layout {
+    let raw = array.as_array_ptr();
+    // SAFETY: `array` is a live ndarray (checked by its type); `data` and `flags` are plain
+    // fields of its object struct, read while attached to the interpreter.
+    let (data, flags) = unsafe {
+        let fields = &*npyffi::_PyArray_GET_ITEM_DATA(raw.cast_const());
+        (fields.data as usize, fields.flags)
+    };
+    Layout { data, flags }
+}
+
+impl Layout {
+    pub fn is_c_contiguous(&self) -> bool {
+        self.flags & NPY_ARRAY_C_CONTIGUOUS != 0
+    }
+
+    pub fn is_writeable(&self) -> bool {
+        self.flags & NPY_ARRAY_WRITEABLE != 0
+    }
+}
+
+/// A new C-contiguous array, memory from numpy's allocator.
+pub fn empty<'py>(py: Python<'py>, dtype: DType, shape: &[usize]) -> PyResult<Bound<'py, PyUntypedArray>> {
+    // With no data, numpy reads `flags` as the memory order: 0 is C order.
+    new_array(py, dtype, shape, None, std::ptr::null_mut(), 0, None)
+}
+
+/// A C-contiguous array over `data`, kept alive by `owner` (set as the array's base).
+///
+/// # Safety
+/// `data` must be valid for `prod(shape)` elements of `dtype`, aligned, and stay valid as long
+/// as `owner` lives; writable unless `writeable` is false.
+pub unsafe fn wrap<'py>(
+    py: Python<'py>,
+    dtype: DType,
+    shape: &[usize],
+    strides_bytes: Option<&[isize]>,
+    data: usize,
+    writeable: bool,
+    owner: Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyUntypedArray>> {
+    let flags = if writeable { NPY_ARRAY_WRITEABLE } else { 0 };
+    new_array(py, dtype, shape, strides_bytes, data as *mut std::ffi::c_void, flags, Some(owner))
+}
+
+fn new_array<'py>(
+    py: Python<'py>,
+    dtype: DType,
+    shape: &[usize],
+    strides_bytes: Option<&[isize]>,
+    data: *mut std::ffi::c_void,
+    flags: c_int,
+    owner: Option<Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyUntypedArray>> {
+    let mut dims: Vec<npy_intp> = shape.iter().map(|&d| d as npy_intp).collect();
+    let mut strides: Option<Vec<npy_intp>> = strides_bytes.map(|s| s.to_vec());
+    let strides_ptr = strides.as_mut().map_or(std::ptr::null_mut(), |s| s.as_mut_ptr());
+    // SAFETY: numpy's documented constructor. `descr` is a new reference that the call steals;
+    // `dims`/`strides` outlive the call (numpy copies them); `data` is either null (numpy
+    // allocates) or valid per `wrap`'s contract.
+    unsafe {
+        let array_type = npyffi::get_type_object(py, npyffi::NpyTypes::PyArray_Type);
+        let raw = PY_ARRAY_API.PyArray_NewFromDescr(
+            py,
+            array_type,
+            descr(py, dtype).into_dtype_ptr(),
+            dims.len() as c_int,
+            dims.as_mut_ptr(),
+            strides_ptr,
+            data,
+            flags,
+            std::ptr::null_mut(),
+        );
+        let array = Bound::from_owned_ptr_or_err(py, raw)?;
+        if let Some(owner) = owner {
+            // SetBaseObject steals the reference to `owner`, also on failure.
+            if PY_ARRAY_API.PyArray_SetBaseObject(py, raw.cast(), owner.into_ptr()) < 0 {
+                return Err(PyErr::fetch(py));
+            }
+        }
+        Ok(array.cast_into_unchecked())
+    }
+}

@@ -1,0 +1,150 @@
+//! The synchronous numpy path: validate numpy arrays, normalize the odd ones once, allocate
+//! outputs, and run CPU kernels directly on numpy's buffers (GIL released for large inputs).
+
+use numpy::{PyUntypedArray, PyUntypedArrayMethods};
+use opbridge_ops::{overlap, Overlap};
+use opbridge_runtime::{DType, DeviceContext, StreamId};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::PyDict;
+
+use crate::errors::{argument_error, dtype_error, to_pyerr};
+use crate::ffi::numpy as np_ffi;
+use crate::memory::PooledMemory;
+
+/// Kernels touching at least this many bytes run with the GIL released: releasing costs about
+/// 140 ns (DESIGN.md), which pays off from roughly 16K float32 elements.
+pub const GIL_RELEASE_BYTES: usize = 64 * 1024;
+
+/// Outputs at least this large come from the caching pool (no page faults on reuse, which is
+/// what makes fresh large outputs faster than numpy's); smaller ones from numpy's allocator,
+/// which is cheaper per call for small arrays.
+pub const POOL_OUTPUT_MIN_BYTES: usize = 256 * 1024;
+
+static NUMPY: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+
+pub fn numpy(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
+    Ok(NUMPY.get_or_try_init(py, || py.import("numpy").map(Bound::unbind))?.bind(py))
+}
+
+/// A numpy array argument with a dtype opbridge supports.
+#[derive(Debug)]
+pub struct HostArray<'py> {
+    pub array: Bound<'py, PyUntypedArray>,
+    pub dtype: DType,
+}
+
+impl<'py> HostArray<'py> {
+    /// Accepts an ndarray, or anything numpy can turn into one (buffer protocol, DLPack,
+    /// sequences). Unsupported dtypes raise `DTypeError` naming the supported ones.
+    pub fn extract(op: &str, name: &str, obj: &Bound<'py, PyAny>, supported: &[DType]) -> PyResult<HostArray<'py>> {
+        let array = match obj.cast::<PyUntypedArray>() {
+            Ok(array) => array.clone(),
+            Err(_) => {
+                let np = numpy(obj.py())?;
+                let converted = if obj.hasattr("__dlpack__")? { np.call_method1("from_dlpack", (obj,)) } else { np.call_method1("asarray", (obj,)) };
+                converted?.cast_into::<PyUntypedArray>()?
+            }
+        };
+        let descr = array.dtype();
+        match np_ffi::dtype_of(&descr).filter(|d| supported.contains(d)) {
+            Some(dtype) => Ok(HostArray { array, dtype }),
+            None => {
+                let names: Vec<&str> = supported.iter().map(|d| d.name()).collect();
+                Err(dtype_error(format!("{op}: expected {name} of dtype {}, got {}", names.join(", "), descr)))
+            }
+        }
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        self.array.shape()
+    }
+
+    pub fn layout(&self) -> np_ffi::Layout {
+        np_ffi::layout(&self.array)
+    }
+
+    pub fn nbytes(&self) -> usize {
+        self.array.len() * self.dtype.size()
+    }
+
+    /// The byte range the array's elements span (for aliasing checks; contiguous arrays only).
+    pub fn range(&self) -> (usize, usize) {
+        (self.layout().data, self.nbytes())
+    }
+
+    fn is_native(&self) -> bool {
+        numpy::PyArrayDescrMethods::is_native_byteorder(&self.array.dtype()) != Some(false)
+    }
+
+    /// C-contiguous, native byte order and of `dtype`: `self` when it already is, else one copy
+    /// made by numpy (strided, byte-swapped and mixed-dtype inputs pay exactly that copy).
+    pub fn normalized(self, dtype: DType) -> PyResult<HostArray<'py>> {
+        if self.dtype == dtype && self.layout().is_c_contiguous() && self.is_native() {
+            return Ok(self);
+        }
+        let py = self.array.py();
+        let kwargs = PyDict::new(py);
+        kwargs.set_item("dtype", np_ffi::descr(py, dtype))?;
+        let copy = numpy(py)?.call_method("ascontiguousarray", (&self.array,), Some(&kwargs))?;
+        Ok(HostArray { array: copy.cast_into()?, dtype })
+    }
+
+    /// A private copy, for an input that partially overlaps the output.
+    pub fn copied(self) -> PyResult<HostArray<'py>> {
+        let copy = self.array.call_method0("copy")?;
+        Ok(HostArray { array: copy.cast_into()?, dtype: self.dtype })
+    }
+}
+
+/// Validates an `out=` array: an ndarray, writeable, C-contiguous, native byte order.
+/// Shape and dtype are the op's schema checks.
+pub fn check_out<'py>(op: &str, out: &Bound<'py, PyAny>) -> PyResult<HostArray<'py>> {
+    let Ok(array) = out.cast::<PyUntypedArray>() else {
+        return Err(argument_error(format!("{op}: expected out to be a numpy.ndarray, got {}", out.get_type().name()?)));
+    };
+    let out = HostArray::extract(op, "out", array.as_any(), &DType::ALL)?;
+    let layout = out.layout();
+    if !layout.is_writeable() {
+        return Err(argument_error(format!("{op}: out is read-only")));
+    }
+    if !layout.is_c_contiguous() || !out.is_native() {
+        return Err(argument_error(format!("{op}: expected a C-contiguous, native-byte-order out, got strides {:?}", out.array.strides())));
+    }
+    Ok(out)
+}
+
+/// Makes inputs safe to read while `out` is written: an exact alias is fine (in-place), a
+/// partial overlap gets a private copy of the input.
+pub fn unalias<'py>(input: HostArray<'py>, out: Option<&HostArray<'py>>) -> PyResult<HostArray<'py>> {
+    match out {
+        Some(out) if overlap(input.range(), out.range()) == Overlap::Partial => input.copied(),
+        _ => Ok(input),
+    }
+}
+
+/// A new C-contiguous output array: pool memory for large ones, numpy's for small ones.
+pub fn new_output<'py>(py: Python<'py>, dtype: DType, shape: &[usize]) -> PyResult<HostArray<'py>> {
+    let bytes = shape.iter().product::<usize>() * dtype.size();
+    let array = if bytes >= POOL_OUTPUT_MIN_BYTES {
+        let ctx = DeviceContext::cpu();
+        let buffer = ctx.pool().allocate(bytes, StreamId::HOST).map_err(to_pyerr)?;
+        let data = buffer.ptr().0;
+        let owner = Bound::new(py, PooledMemory::new(buffer))?;
+        // SAFETY: `data` is a 64-byte-aligned host block of `bytes` bytes owned by `owner`,
+        // which numpy keeps as the array's base until the array dies.
+        unsafe { np_ffi::wrap(py, dtype, shape, None, data, true, owner.into_any())? }
+    } else {
+        np_ffi::empty(py, dtype, shape)?
+    };
+    Ok(HostArray { array, dtype })
+}
+
+/// Runs `work`, without the GIL when it touches enough memory to be worth it.
+pub fn run<T: Send>(py: Python<'_>, bytes: usize, work: impl FnOnce() -> T + Send) -> T {
+    if bytes >= GIL_RELEASE_BYTES {
+        py.detach(work)
+    } else {
+        work()
+    }
+}

@@ -1,0 +1,208 @@
+//! `opbridge.Stream`, `opbridge.Event` and the module-level stream functions.
+
+use std::sync::Mutex;
+use std::thread::ThreadId;
+
+use opbridge_runtime::{DeviceContext, Event, Stream};
+use pyo3::prelude::*;
+
+use crate::errors::to_pyerr;
+use crate::tensor::parse_device;
+
+/// An ordered queue of work on a device. Each Python thread has its own current stream
+/// (created on first use); ``with stream:`` makes ``stream`` current in the block.
+///
+/// Example:
+///     >>> s = ob.Stream()
+///     >>> with s:
+///     ...     r = ob.vector_add(t, t)      # enqueued on s, returns at once
+///     >>> s.synchronize()
+#[pyclass(name = "Stream", module = "opbridge", frozen)]
+#[derive(Debug)]
+pub struct PyStream {
+    pub inner: Stream,
+    /// Streams to restore on `__exit__`, per entering thread (a stream may be entered by
+    /// several threads, and nested).
+    restore: Mutex<Vec<(ThreadId, Option<Stream>)>>,
+}
+
+impl PyStream {
+    pub fn wrap(inner: Stream) -> PyStream {
+        PyStream { inner, restore: Mutex::new(Vec::new()) }
+    }
+}
+
+#[pymethods]
+impl PyStream {
+    #[new]
+    #[pyo3(signature = (device=None))]
+    fn new(device: Option<&str>) -> PyResult<PyStream> {
+        let ctx = DeviceContext::get(parse_device(device)?).map_err(to_pyerr)?;
+        Ok(PyStream::wrap(Stream::new(ctx).map_err(to_pyerr)?))
+    }
+
+    #[getter]
+    fn id(&self) -> u64 {
+        self.inner.id().0
+    }
+
+    #[getter]
+    fn device(&self) -> String {
+        self.inner.device().to_string()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Stream(id={}, device='{}')", self.inner.id().0, self.inner.device())
+    }
+
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        other.cast::<PyStream>().is_ok_and(|o| o.get().inner == self.inner)
+    }
+
+    fn __hash__(&self) -> u64 {
+        self.inner.id().0
+    }
+
+    fn __enter__<'py>(slf: &Bound<'py, Self>) -> Bound<'py, Self> {
+        let this = slf.get();
+        let previous = opbridge_runtime::stream::replace_current_stream(this.inner.device(), Some(this.inner.clone()));
+        this.restore.lock().unwrap_or_else(|p| p.into_inner()).push((std::thread::current().id(), previous));
+        slf.clone()
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, _args: &Bound<'_, pyo3::types::PyTuple>) {
+        let me = std::thread::current().id();
+        let mut restore = self.restore.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(index) = restore.iter().rposition(|(thread, _)| *thread == me) {
+            let (_, previous) = restore.remove(index);
+            opbridge_runtime::stream::replace_current_stream(self.inner.device(), previous);
+        }
+    }
+
+    /// Blocks until all work enqueued so far is done; raises the first asynchronous error.
+    fn synchronize(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.inner.synchronize()).map_err(to_pyerr)
+    }
+
+    /// True when all work enqueued so far is done.
+    fn query(&self) -> bool {
+        self.inner.query()
+    }
+
+    /// Records `event` (a new one when omitted) at the current end of this stream.
+    #[pyo3(signature = (event=None))]
+    fn record_event(&self, py: Python<'_>, event: Option<Py<PyEvent>>) -> PyResult<Py<PyEvent>> {
+        let event = match event {
+            Some(event) => event,
+            None => Py::new(py, PyEvent::new(Some(&self.inner.device().to_string()), true)?)?,
+        };
+        event.get().inner.record(&self.inner).map_err(to_pyerr)?;
+        Ok(event)
+    }
+
+    /// Later work on this stream waits for `event`.
+    fn wait_event(&self, event: &PyEvent) -> PyResult<()> {
+        self.inner.wait_event(&event.inner).map_err(to_pyerr)
+    }
+
+    /// Later work on this stream waits for all work enqueued on `stream` so far.
+    fn wait_stream(&self, stream: &PyStream) -> PyResult<()> {
+        let event = stream.inner.record_new_event().map_err(to_pyerr)?;
+        self.inner.wait_event(&event).map_err(to_pyerr)
+    }
+
+    /// Calls ``fn()`` on the stream's worker once all earlier work is done. An exception
+    /// raised by ``fn`` becomes the stream's error, raised by the next ``synchronize()``.
+    fn launch_host_func(&self, func: Py<PyAny>) -> PyResult<()> {
+        self.inner
+            .launch_host_func(Box::new(move || {
+                Python::attach(|py| func.call0(py).map(drop).map_err(|e| format!("host function raised {e}")))
+            }))
+            .map_err(to_pyerr)
+    }
+}
+
+/// A point in a stream's work: for ordering streams, waiting and timing.
+///
+/// Example:
+///     >>> start, end = ob.Event(), ob.Event()
+///     >>> start.record(); r = ob.matmul(t, t); end.record()
+///     >>> end.synchronize(); start.elapsed_time(end)   # milliseconds
+#[pyclass(name = "Event", module = "opbridge", frozen)]
+#[derive(Debug)]
+pub struct PyEvent {
+    pub inner: Event,
+}
+
+#[pymethods]
+impl PyEvent {
+    /// ``enable_timing`` is accepted for CUDA compatibility: CPU events always keep time.
+    #[new]
+    #[pyo3(signature = (device=None, enable_timing=true))]
+    fn new(device: Option<&str>, enable_timing: bool) -> PyResult<PyEvent> {
+        let _ = enable_timing;
+        let ctx = DeviceContext::get(parse_device(device)?).map_err(to_pyerr)?;
+        Ok(PyEvent { inner: Event::new(ctx).map_err(to_pyerr)? })
+    }
+
+    /// Records the event on `stream` (the current stream when omitted).
+    #[pyo3(signature = (stream=None))]
+    fn record(&self, stream: Option<&PyStream>) -> PyResult<()> {
+        let stream = match stream {
+            Some(s) => s.inner.clone(),
+            None => DeviceContext::get(self.inner.device()).and_then(|ctx| ctx.current_stream()).map_err(to_pyerr)?,
+        };
+        self.inner.record(&stream).map_err(to_pyerr)
+    }
+
+    /// Blocks until the recorded point is reached.
+    fn synchronize(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.inner.synchronize()).map_err(to_pyerr)
+    }
+
+    /// True when the recorded point is reached (or the event was never recorded).
+    fn query(&self) -> bool {
+        self.inner.query()
+    }
+
+    /// Milliseconds from this event to `end`; both recorded and complete.
+    fn elapsed_time(&self, end: &PyEvent) -> PyResult<f64> {
+        self.inner.elapsed_ms(&end.inner).map_err(to_pyerr)
+    }
+
+    /// Makes `stream` (the current stream when omitted) wait for this event.
+    #[pyo3(signature = (stream=None))]
+    fn wait(&self, stream: Option<&PyStream>) -> PyResult<()> {
+        let stream = match stream {
+            Some(s) => s.inner.clone(),
+            None => DeviceContext::get(self.inner.device()).and_then(|ctx| ctx.current_stream()).map_err(to_pyerr)?,
+        };
+        stream.wait_event(&self.inner).map_err(to_pyerr)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Event(device='{}', done={})", self.inner.device(), self.inner.query())
+    }
+
+    fn __await__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        py.import("opbridge._aio")?.call_method1("wait_event", (slf,))?.call_method0("__await__")
+    }
+}
+
+/// The calling thread's current stream on `device` (created on first use).
+#[pyfunction]
+#[pyo3(signature = (device=None))]
+pub fn current_stream(device: Option<&str>) -> PyResult<PyStream> {
+    let ctx = DeviceContext::get(parse_device(device)?).map_err(to_pyerr)?;
+    Ok(PyStream::wrap(ctx.current_stream().map_err(to_pyerr)?))
+}
+
+/// Waits for all work on all streams of `device`; raises the first asynchronous error.
+#[pyfunction]
+#[pyo3(signature = (device=None))]
+pub fn synchronize(py: Python<'_>, device: Option<&str>) -> PyResult<()> {
+    let ctx = DeviceContext::get(parse_device(device)?).map_err(to_pyerr)?;
+    py.detach(|| ctx.synchronize()).map_err(to_pyerr)
+}

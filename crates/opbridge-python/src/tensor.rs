@@ -1,0 +1,353 @@
+//! `opbridge.Tensor` and the functions that make tensors (`asarray`, `empty`, `zeros`,
+//! `from_dlpack`).
+#![allow(unsafe_code)] // numpy views over tensor memory; see the SAFETY notes.
+
+use std::sync::Arc;
+
+use numpy::{PyUntypedArray, PyUntypedArrayMethods};
+use opbridge_runtime::{CopyKind, DType, DeviceContext, DeviceId, DevicePtr, Storage, Tensor};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+
+use crate::errors::{argument_error, device_error, dtype_error, to_pyerr};
+use crate::ffi::{dlpack, numpy as np_ffi};
+use crate::host::{self, HostArray};
+
+/// An n-dimensional array on an opbridge device, in pooled device memory.
+///
+/// Work on tensors is asynchronous: operators enqueue on the current stream and return a new
+/// ``Tensor`` at once. Reading the data on the host (``numpy()``, ``__array__``, DLPack
+/// export) waits for the work that produces it.
+///
+/// Example:
+///     >>> import numpy as np, opbridge as ob
+///     >>> t = ob.asarray(np.arange(3, dtype=np.float32))
+///     >>> ob.vector_add(t, t).numpy()
+///     array([0., 2., 4.], dtype=float32)
+#[pyclass(name = "Tensor", module = "opbridge", frozen)]
+#[derive(Debug)]
+pub struct PyTensor {
+    pub inner: Arc<Tensor>,
+    /// Imported from a producer that marked its memory read-only (DLPack flag).
+    pub read_only: bool,
+}
+
+impl PyTensor {
+    pub fn new(inner: Arc<Tensor>) -> PyTensor {
+        PyTensor { inner, read_only: false }
+    }
+}
+
+/// Strides in bytes, as numpy reports them.
+fn byte_strides(t: &Tensor) -> Vec<isize> {
+    t.strides().iter().map(|&s| s * t.dtype().size() as isize).collect()
+}
+
+#[pymethods]
+impl PyTensor {
+    #[getter]
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, self.inner.shape())
+    }
+
+    /// The element type, as a ``numpy.dtype``.
+    #[getter]
+    fn dtype<'py>(&self, py: Python<'py>) -> Bound<'py, PyAny> {
+        np_ffi::descr(py, self.inner.dtype()).into_any()
+    }
+
+    /// The device, e.g. ``"cpu:0"``.
+    #[getter]
+    fn device(&self) -> String {
+        self.inner.device().to_string()
+    }
+
+    #[getter]
+    fn ndim(&self) -> usize {
+        self.inner.shape().len()
+    }
+
+    #[getter]
+    fn size(&self) -> usize {
+        self.inner.numel()
+    }
+
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.inner.nbytes()
+    }
+
+    /// Strides in bytes, like ``numpy.ndarray.strides``.
+    #[getter]
+    fn strides<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, byte_strides(&self.inner))
+    }
+
+    /// Address of the first element (for interop and debugging).
+    #[getter]
+    fn data_ptr(&self) -> usize {
+        self.inner.data_ptr().0
+    }
+
+    fn __len__(&self) -> PyResult<usize> {
+        self.inner.shape().first().copied().ok_or_else(|| pyo3::exceptions::PyTypeError::new_err("len() of a 0-d tensor"))
+    }
+
+    fn __repr__(&self) -> String {
+        let shape: Vec<String> = self.inner.shape().iter().map(usize::to_string).collect();
+        let comma = if shape.len() == 1 { "," } else { "" };
+        format!("Tensor(shape=({}{comma}), dtype={}, device='{}')", shape.join(", "), self.inner.dtype(), self.inner.device())
+    }
+
+    /// Waits for the work that produces this tensor.
+    fn synchronize(&self, py: Python<'_>) -> PyResult<()> {
+        let inner = Arc::clone(&self.inner);
+        py.detach(|| inner.wait_ready()).map_err(to_pyerr)
+    }
+
+    /// True when no enqueued work still writes this tensor.
+    fn is_ready(&self) -> bool {
+        self.inner.is_ready()
+    }
+
+    /// A numpy array sharing this tensor's memory (CPU device), after waiting for the work that
+    /// produces it. The array keeps the tensor alive.
+    fn numpy<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyUntypedArray>> {
+        let py = slf.py();
+        let this = slf.get();
+        let inner = Arc::clone(&this.inner);
+        if inner.device().kind != opbridge_runtime::DeviceKind::Cpu {
+            return Err(device_error(format!("numpy(): the tensor is on {}; copy it with .to('cpu') first", inner.device())));
+        }
+        py.detach(|| inner.wait_ready()).map_err(to_pyerr)?;
+        // SAFETY: the tensor's layout was validated against its storage when it was made; the
+        // array's base is the tensor object, which owns the storage.
+        unsafe {
+            np_ffi::wrap(
+                py,
+                inner.dtype(),
+                inner.shape(),
+                Some(&byte_strides(&inner)),
+                inner.data_ptr().0,
+                !this.read_only,
+                slf.clone().into_any(),
+            )
+        }
+    }
+
+    #[pyo3(signature = (dtype=None, copy=None))]
+    fn __array__<'py>(slf: &Bound<'py, Self>, dtype: Option<&Bound<'py, PyAny>>, copy: Option<bool>) -> PyResult<Bound<'py, PyAny>> {
+        let view = Self::numpy(slf)?.into_any();
+        let converted = match dtype {
+            Some(dtype) => view.call_method1("astype", (dtype, false))?,
+            None => view,
+        };
+        if copy == Some(true) {
+            return converted.call_method0("copy");
+        }
+        Ok(converted)
+    }
+
+    /// DLPack export (zero-copy). Waits for pending work first, so consumers on any stream see
+    /// the data.
+    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
+    fn __dlpack__<'py>(
+        &self,
+        py: Python<'py>,
+        stream: Option<&Bound<'py, PyAny>>,
+        max_version: Option<&Bound<'py, PyAny>>,
+        dl_device: Option<(i32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let _ = (stream, max_version); // host memory: no consumer stream to order with
+        if copy == Some(true) {
+            return Err(pyo3::exceptions::PyBufferError::new_err("__dlpack__(copy=True) is not supported; use numpy() and copy"));
+        }
+        let device = self.inner.device();
+        if let Some((kind, index)) = dl_device {
+            if (kind, index) != (device.kind.dlpack_code(), device.index as i32) {
+                return Err(pyo3::exceptions::PyBufferError::new_err(format!("cannot export a tensor on {device} to DLPack device {kind}:{index}")));
+            }
+        }
+        let inner = Arc::clone(&self.inner);
+        py.detach(|| inner.wait_ready()).map_err(to_pyerr)?;
+        dlpack::export(py, Arc::clone(&self.inner))
+    }
+
+    fn __dlpack_device__(&self) -> (i32, i32) {
+        let device = self.inner.device();
+        (device.kind.dlpack_code(), device.index as i32)
+    }
+
+    /// This tensor on `device` (itself when it is already there).
+    fn to<'py>(slf: &Bound<'py, Self>, device: &str) -> PyResult<Bound<'py, Self>> {
+        let target = parse_device(Some(device))?;
+        if target == slf.get().inner.device() {
+            return Ok(slf.clone());
+        }
+        DeviceContext::get(target).map_err(to_pyerr)?;
+        Err(device_error(format!("no copy path from {} to {target}", slf.get().inner.device())))
+    }
+
+    fn __await__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        py.import("opbridge._aio")?.call_method1("wait_tensor", (slf,))?.call_method0("__await__")
+    }
+}
+
+pub fn parse_device(device: Option<&str>) -> PyResult<DeviceId> {
+    match device {
+        None => Ok(DeviceId::CPU),
+        Some(text) => DeviceId::parse(text).ok_or_else(|| device_error(format!("unknown device {text:?}: expected 'cpu', 'cpu:0', 'cuda:N' or 'ascend:N'"))),
+    }
+}
+
+fn parse_dtype(py: Python<'_>, dtype: Option<&Bound<'_, PyAny>>) -> PyResult<DType> {
+    let Some(dtype) = dtype else { return Ok(DType::F32) };
+    let descr = host::numpy(py)?.call_method1("dtype", (dtype,))?;
+    let descr = descr.cast::<numpy::PyArrayDescr>()?;
+    np_ffi::dtype_of(descr).ok_or_else(|| dtype_error(format!("expected a dtype of float16, float32, float64, int32, int64, got {descr}")))
+}
+
+/// A tensor argument: an `opbridge.Tensor`, or a numpy array wrapped zero-copy (host memory
+/// is the CPU device's memory).
+pub fn as_tensor<'py>(op: &str, obj: &Bound<'py, PyAny>) -> PyResult<PyRef<'py, PyTensor>> {
+    if let Ok(tensor) = obj.cast::<PyTensor>() {
+        return Ok(tensor.borrow());
+    }
+    let host = HostArray::extract(op, "argument", obj, &DType::ALL)?;
+    let tensor = wrap_host_array(&host)?;
+    Ok(Bound::new(obj.py(), tensor)?.borrow())
+}
+
+/// Owner that keeps a numpy array alive while a tensor borrows its memory.
+struct HostOwner(#[allow(dead_code)] Py<PyAny>);
+
+fn wrap_host_array(host: &HostArray<'_>) -> PyResult<PyTensor> {
+    let layout = host.layout();
+    let size = host.dtype.size() as isize;
+    let strides: Vec<isize> = host.array.strides().iter().map(|s| s / size).collect();
+    if host.array.strides().iter().any(|s| s % size != 0 || *s < 0) {
+        return Err(argument_error("negative or unaligned strides: pass a contiguous copy".into()));
+    }
+    let n = host.array.len();
+    let reach: isize = if n == 0 { 0 } else { host.shape().iter().zip(&strides).map(|(&d, &s)| (d as isize - 1) * s).sum::<isize>() + 1 };
+    let storage = Storage::External {
+        ptr: DevicePtr(layout.data),
+        len: reach as usize * size as usize,
+        device: DeviceId::CPU,
+        owner: Box::new(HostOwner(host.array.clone().into_any().unbind())),
+    };
+    let tensor = Tensor::from_storage(Arc::new(storage), DeviceId::CPU, host.dtype, host.shape().to_vec(), Some(strides), 0)
+        .map_err(to_pyerr)?;
+    Ok(PyTensor { inner: Arc::new(tensor), read_only: !layout.is_writeable() })
+}
+
+/// Copies `obj` (a numpy array or anything numpy converts) into a new tensor in the device's
+/// pool. A ``Tensor`` on the same device and dtype is returned as is.
+///
+/// Example:
+///     >>> t = ob.asarray(np.ones(3, np.float32)); t.shape, t.device
+///     ((3,), 'cpu:0')
+#[pyfunction]
+#[pyo3(signature = (obj, dtype=None, device=None))]
+pub fn asarray<'py>(
+    py: Python<'py>,
+    obj: &Bound<'py, PyAny>,
+    dtype: Option<&Bound<'py, PyAny>>,
+    device: Option<&str>,
+) -> PyResult<Bound<'py, PyTensor>> {
+    let target = parse_device(device)?;
+    let wanted = dtype.map(|d| parse_dtype(py, Some(d))).transpose()?;
+    if let Ok(tensor) = obj.cast::<PyTensor>() {
+        let inner = &tensor.get().inner;
+        if inner.device() == target && wanted.is_none_or(|d| d == inner.dtype()) {
+            return Ok(tensor.clone());
+        }
+    }
+    let host = HostArray::extract("asarray", "obj", obj, &DType::ALL)?;
+    let dtype = wanted.unwrap_or(host.dtype);
+    let host = host.normalized(dtype)?;
+    let ctx = DeviceContext::get(target).map_err(to_pyerr)?;
+    let stream = ctx.current_stream().map_err(to_pyerr)?;
+    let tensor = Tensor::empty(ctx, host.shape(), dtype, stream.id()).map_err(to_pyerr)?;
+    let (src, dst, bytes) = (DevicePtr(host.layout().data), tensor.data_ptr(), tensor.nbytes());
+    // An ordered host-to-device copy, waited for before returning: the numpy buffer is free to
+    // change as soon as asarray returns (cudaMemcpy semantics).
+    py.detach(|| -> opbridge_runtime::Result<()> {
+        let tensor_ref: &Tensor = &tensor;
+        let no_reads: [&Tensor; 0] = [];
+        Tensor::launch(&stream, &no_reads, &[tensor_ref], Box::new(|| Ok(())))?;
+        stream.copy(dst, src, bytes, CopyKind::HostToDevice)?;
+        stream.record_new_event()?.synchronize()
+    })
+    .map_err(to_pyerr)?;
+    Bound::new(py, PyTensor::new(Arc::new(tensor)))
+}
+
+fn alloc_tensor(py: Python<'_>, shape: &Bound<'_, PyAny>, dtype: Option<&Bound<'_, PyAny>>, device: Option<&str>) -> PyResult<(Tensor, opbridge_runtime::Stream)> {
+    let shape: Vec<usize> = match shape.extract::<usize>() {
+        Ok(n) => vec![n],
+        Err(_) => shape.extract().map_err(|_| argument_error(format!("expected a shape (int or tuple of non-negative ints), got {shape}")))?,
+    };
+    let dtype = parse_dtype(py, dtype)?;
+    let ctx = DeviceContext::get(parse_device(device)?).map_err(to_pyerr)?;
+    let stream = ctx.current_stream().map_err(to_pyerr)?;
+    Ok((Tensor::empty(ctx, &shape, dtype, stream.id()).map_err(to_pyerr)?, stream))
+}
+
+/// A new uninitialized tensor from the device pool. ``dtype`` defaults to float32.
+#[pyfunction]
+#[pyo3(signature = (shape, dtype=None, device=None))]
+pub fn empty<'py>(py: Python<'py>, shape: &Bound<'py, PyAny>, dtype: Option<&Bound<'py, PyAny>>, device: Option<&str>) -> PyResult<Bound<'py, PyTensor>> {
+    let (tensor, _) = alloc_tensor(py, shape, dtype, device)?;
+    Bound::new(py, PyTensor::new(Arc::new(tensor)))
+}
+
+/// A new zero-filled tensor from the device pool (the fill is enqueued on the current stream).
+#[pyfunction]
+#[pyo3(signature = (shape, dtype=None, device=None))]
+pub fn zeros<'py>(py: Python<'py>, shape: &Bound<'py, PyAny>, dtype: Option<&Bound<'py, PyAny>>, device: Option<&str>) -> PyResult<Bound<'py, PyTensor>> {
+    let (tensor, stream) = alloc_tensor(py, shape, dtype, device)?;
+    let (ptr, bytes) = (tensor.data_ptr().0, tensor.nbytes());
+    let no_reads: [&Tensor; 0] = [];
+    Tensor::launch(
+        &stream,
+        &no_reads,
+        &[&tensor],
+        Box::new(move || {
+            // SAFETY: a fresh pool block of `bytes` bytes, alive until this work has run
+            // (stream-ordered reuse).
+            unsafe { std::ptr::write_bytes(ptr as *mut u8, 0, bytes) };
+            Ok(())
+        }),
+    )
+    .map_err(to_pyerr)?;
+    Bound::new(py, PyTensor::new(Arc::new(tensor)))
+}
+
+/// A tensor sharing the memory of any DLPack producer (numpy, PyTorch CPU tensors, ...):
+/// zero-copy. A ``Tensor`` is returned as is.
+///
+/// Example:
+///     >>> a = np.arange(3.0); t = ob.from_dlpack(a)
+///     >>> np.shares_memory(t.numpy(), a)
+///     True
+#[pyfunction]
+pub fn from_dlpack<'py>(py: Python<'py>, obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyTensor>> {
+    if let Ok(tensor) = obj.cast::<PyTensor>() {
+        return Ok(tensor.clone());
+    }
+    if !obj.hasattr("__dlpack__")? {
+        return Err(pyo3::exceptions::PyTypeError::new_err(format!("from_dlpack: {} does not implement __dlpack__", obj.get_type().name()?)));
+    }
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("max_version", (1, 0))?;
+    let capsule = match obj.call_method("__dlpack__", (), Some(&kwargs)) {
+        Ok(capsule) => capsule,
+        Err(e) if e.is_instance_of::<pyo3::exceptions::PyTypeError>(py) => obj.call_method0("__dlpack__")?,
+        Err(e) => return Err(e),
+    };
+    let (tensor, read_only) = dlpack::import(&capsule)?;
+    Bound::new(py, PyTensor { inner: Arc::new(tensor), read_only })
+}

@@ -1,0 +1,63 @@
+"""opbridge: call native accelerator operators from Python.
+
+numpy arrays in, zero-copy; typed errors; the GIL released for real work; a device runtime with
+a caching memory pool, one stream per Python thread, events and async launch.
+
+Example:
+    >>> import numpy as np, opbridge as ob
+    >>> a = np.arange(4, dtype=np.float32)
+    >>> ob.vector_add(a, a)
+    array([0., 2., 4., 6.], dtype=float32)
+"""
+
+from __future__ import annotations
+
+from . import _native
+from ._native import (
+    ArgumentError,
+    DeviceError,
+    DTypeError,
+    Event,
+    OpBridgeError,
+    OutOfMemoryError,
+    ShapeError,
+    Stream,
+    Tensor,
+    asarray,
+    current_stream,
+    empty,
+    empty_cache,
+    from_dlpack,
+    get_memory_pool_stats,
+    matmul,
+    reset_peak_memory_stats,
+    set_memory_limit,
+    synchronize,
+    vector_add,
+    zeros,
+)
+
+__all__ = [
+    "ArgumentError",
+    "DTypeError",
+    "DeviceError",
+    "Event",
+    "OpBridgeError",
+    "OutOfMemoryError",
+    "ShapeError",
+    "Stream",
+    "Tensor",
+    "asarray",
+    "current_stream",
+    "empty",
+    "empty_cache",
+    "from_dlpack",
+    "get_memory_pool_stats",
+    "matmul",
+    "reset_peak_memory_stats",
+    "set_memory_limit",
+    "synchronize",
+    "vector_add",
+    "zeros",
+]
+
