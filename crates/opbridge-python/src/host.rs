@@ -32,6 +32,7 @@ pub fn numpy(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
 pub struct HostArray<'py> {
     pub array: Bound<'py, PyUntypedArray>,
     pub dtype: DType,
+    layout: np_ffi::Layout,
 }
 
 impl<'py> HostArray<'py> {
@@ -46,14 +47,19 @@ impl<'py> HostArray<'py> {
                 converted?.cast_into::<PyUntypedArray>()?
             }
         };
-        let descr = array.dtype();
-        match np_ffi::dtype_of(&descr).filter(|d| supported.contains(d)) {
-            Some(dtype) => Ok(HostArray { array, dtype }),
+        let layout = np_ffi::layout(&array);
+        match np_ffi::dtype_of_num(layout.type_num).filter(|d| supported.contains(d)) {
+            Some(dtype) => Ok(HostArray { array, dtype, layout }),
             None => {
                 let names: Vec<&str> = supported.iter().map(|d| d.name()).collect();
-                Err(dtype_error(format!("{op}: expected {name} of dtype {}, got {}", names.join(", "), descr)))
+                Err(dtype_error(format!("{op}: expected {name} of dtype {}, got {}", names.join(", "), array.dtype())))
             }
         }
+    }
+
+    fn from_array(array: Bound<'py, PyUntypedArray>, dtype: DType) -> HostArray<'py> {
+        let layout = np_ffi::layout(&array);
+        HostArray { array, dtype, layout }
     }
 
     pub fn shape(&self) -> &[usize] {
@@ -61,7 +67,7 @@ impl<'py> HostArray<'py> {
     }
 
     pub fn layout(&self) -> np_ffi::Layout {
-        np_ffi::layout(&self.array)
+        self.layout
     }
 
     pub fn nbytes(&self) -> usize {
@@ -73,8 +79,8 @@ impl<'py> HostArray<'py> {
         (self.layout().data, self.nbytes())
     }
 
-    fn is_native(&self) -> bool {
-        numpy::PyArrayDescrMethods::is_native_byteorder(&self.array.dtype()) != Some(false)
+    pub fn is_native(&self) -> bool {
+        self.layout.is_native()
     }
 
     /// C-contiguous, native byte order and of `dtype`: `self` when it already is, else one copy
@@ -87,13 +93,13 @@ impl<'py> HostArray<'py> {
         let kwargs = PyDict::new(py);
         kwargs.set_item("dtype", np_ffi::descr(py, dtype))?;
         let copy = numpy(py)?.call_method("ascontiguousarray", (&self.array,), Some(&kwargs))?;
-        Ok(HostArray { array: copy.cast_into()?, dtype })
+        Ok(HostArray::from_array(copy.cast_into()?, dtype))
     }
 
     /// A private copy, for an input that partially overlaps the output.
     pub fn copied(self) -> PyResult<HostArray<'py>> {
         let copy = self.array.call_method0("copy")?;
-        Ok(HostArray { array: copy.cast_into()?, dtype: self.dtype })
+        Ok(HostArray::from_array(copy.cast_into()?, self.dtype))
     }
 }
 
@@ -137,7 +143,7 @@ pub fn new_output<'py>(py: Python<'py>, dtype: DType, shape: &[usize]) -> PyResu
     } else {
         np_ffi::empty(py, dtype, shape)?
     };
-    Ok(HostArray { array, dtype })
+    Ok(HostArray::from_array(array, dtype))
 }
 
 /// Runs `work`, without the GIL when it touches enough memory to be worth it.

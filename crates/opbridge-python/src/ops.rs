@@ -167,8 +167,7 @@ pub fn matmul<'py>(
 /// whole elements (anything else is copied once).
 fn strided_operand(x: HostArray<'_>, dtype: DType) -> PyResult<HostArray<'_>> {
     let size = dtype.size() as isize;
-    let native = numpy::PyArrayDescrMethods::is_native_byteorder(&numpy::PyUntypedArrayMethods::dtype(&x.array)) != Some(false);
-    if x.dtype == dtype && native && x.array.strides().iter().all(|s| s % size == 0) {
+    if x.dtype == dtype && x.is_native() && x.array.strides().iter().all(|s| s % size == 0) {
         Ok(x)
     } else {
         x.normalized(dtype)

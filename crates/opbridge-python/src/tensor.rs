@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use numpy::{PyUntypedArray, PyUntypedArrayMethods};
+use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use opbridge_runtime::{CopyKind, DType, DeviceContext, DeviceId, DevicePtr, Storage, Tensor};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
@@ -139,7 +139,12 @@ impl PyTensor {
     fn __array__<'py>(slf: &Bound<'py, Self>, dtype: Option<&Bound<'py, PyAny>>, copy: Option<bool>) -> PyResult<Bound<'py, PyAny>> {
         let view = Self::numpy(slf)?.into_any();
         let converted = match dtype {
-            Some(dtype) => view.call_method1("astype", (dtype, false))?,
+            Some(dtype) => {
+                // astype's second positional parameter is `order`: pass copy by keyword.
+                let kwargs = PyDict::new(slf.py());
+                kwargs.set_item("copy", false)?;
+                view.call_method("astype", (dtype,), Some(&kwargs))?
+            }
             None => view,
         };
         if copy == Some(true) {
@@ -206,7 +211,7 @@ fn parse_dtype(py: Python<'_>, dtype: Option<&Bound<'_, PyAny>>) -> PyResult<DTy
     let Some(dtype) = dtype else { return Ok(DType::F32) };
     let descr = host::numpy(py)?.call_method1("dtype", (dtype,))?;
     let descr = descr.cast::<numpy::PyArrayDescr>()?;
-    np_ffi::dtype_of(descr).ok_or_else(|| dtype_error(format!("expected a dtype of float16, float32, float64, int32, int64, got {descr}")))
+    np_ffi::dtype_of_num(descr.num()).ok_or_else(|| dtype_error(format!("expected a dtype of float16, float32, float64, int32, int64, got {descr}")))
 }
 
 /// A tensor argument: an `opbridge.Tensor`, or a numpy array wrapped zero-copy (host memory

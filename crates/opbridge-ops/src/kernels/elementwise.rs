@@ -12,8 +12,11 @@ use opbridge_runtime::DType;
 /// `benchmarks/bench_vector_add.py --threshold`).
 pub const PARALLEL_MIN_ELEMS: usize = 1 << 17;
 
-/// Elements per parallel task: big enough to amortize scheduling, small enough to balance.
-const PARALLEL_CHUNK: usize = 1 << 15;
+/// Elements per parallel task: a few tasks per core balance the load; more only add
+/// scheduling (memory-bound work gains nothing from finer splits).
+fn parallel_chunk(n: usize) -> usize {
+    n.div_ceil(rayon::current_num_threads() * 4).max(1 << 14)
+}
 
 /// How the output relates to the inputs. Exact aliasing is legal (in-place add); partial
 /// overlap is rejected or copied away by the dispatch layer before it gets here.
@@ -27,8 +30,9 @@ pub enum Alias {
 
 fn add_disjoint<T: Element>(a: &[T], b: &[T], out: &mut [T], parallel: bool) {
     if parallel {
-        out.par_chunks_mut(PARALLEL_CHUNK)
-            .zip(a.par_chunks(PARALLEL_CHUNK).zip(b.par_chunks(PARALLEL_CHUNK)))
+        let chunk = parallel_chunk(out.len());
+        out.par_chunks_mut(chunk)
+            .zip(a.par_chunks(chunk).zip(b.par_chunks(chunk)))
             .for_each(|(o, (a, b))| add_disjoint(a, b, o, false));
     } else {
         for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
@@ -39,9 +43,8 @@ fn add_disjoint<T: Element>(a: &[T], b: &[T], out: &mut [T], parallel: bool) {
 
 fn add_in_place<T: Element>(inout: &mut [T], b: &[T], parallel: bool) {
     if parallel {
-        inout
-            .par_chunks_mut(PARALLEL_CHUNK)
-            .zip(b.par_chunks(PARALLEL_CHUNK))
+        let chunk = parallel_chunk(inout.len());
+        inout.par_chunks_mut(chunk).zip(b.par_chunks(chunk))
             .for_each(|(o, b)| add_in_place(o, b, false));
     } else {
         for (o, &y) in inout.iter_mut().zip(b) {
@@ -52,7 +55,7 @@ fn add_in_place<T: Element>(inout: &mut [T], b: &[T], parallel: bool) {
 
 fn double_in_place<T: Element>(inout: &mut [T], parallel: bool) {
     if parallel {
-        inout.par_chunks_mut(PARALLEL_CHUNK).for_each(|o| double_in_place(o, false));
+        inout.par_chunks_mut(parallel_chunk(inout.len())).for_each(|o| double_in_place(o, false));
     } else {
         for o in inout.iter_mut() {
             *o = T::add(*o, *o);

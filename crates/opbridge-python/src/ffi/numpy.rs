@@ -20,37 +20,42 @@ pub fn descr(py: Python<'_>, dtype: DType) -> Bound<'_, PyArrayDescr> {
     }
 }
 
-/// The runtime dtype of a numpy descriptor, or `None` for types opbridge has no kernels for.
-pub fn dtype_of(descr: &Bound<'_, PyArrayDescr>) -> Option<DType> {
-    if descr.has_fields() || descr.has_subarray() {
-        return None;
-    }
-    match (descr.kind(), descr.itemsize()) {
-        (b'f', 2) => Some(DType::F16),
-        (b'f', 4) => Some(DType::F32),
-        (b'f', 8) => Some(DType::F64),
-        (b'i', 4) => Some(DType::I32),
-        (b'i', 8) => Some(DType::I64),
-        _ => None,
-    }
-}
-
 /// A numpy array's layout, read once per call.
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 pub struct Layout {
     pub data: usize,
     pub flags: c_int,
+    /// numpy's type number and byte order character of the element type.
+    pub type_num: c_int,
+    pub byteorder: u8,
 }
 
 pub fn layout(array: &Bound<'_, PyUntypedArray>) -> Layout {
     let raw = array.as_array_ptr();
-    // SAFETY: `array` is a live ndarray (checked by its type); `data` and `flags` are plain
-    // fields of its object struct, read while attached to the interpreter.
-    let (data, flags) = unsafe {
+    // SAFETY: `array` is a live ndarray (checked by its type); `data`, `flags` and `descr` are
+    // plain fields of its object struct, and `type_num`/`byteorder` fields of the descriptor
+    // prefix common to numpy 1 and 2, read while attached to the interpreter.
+    unsafe {
         let fields = &*npyffi::_PyArray_GET_ITEM_DATA(raw.cast_const());
-        (fields.data as usize, fields.flags)
-    };
-    Layout { data, flags }
+        let descr = &*npyffi::_PyDataType_GET_ITEM_DATA(fields.descr);
+        Layout { data: fields.data as usize, flags: fields.flags, type_num: descr.type_num, byteorder: descr.byteorder as u8 }
+    }
+}
+
+/// The runtime dtype for a numpy type number (builtin types only: structured and subarray
+/// dtypes have other numbers).
+pub fn dtype_of_num(type_num: c_int) -> Option<DType> {
+    use npyffi::NPY_TYPES as T;
+    let long_is_64 = std::mem::size_of::<std::os::raw::c_long>() == 8;
+    match type_num {
+        n if n == T::NPY_HALF as c_int => Some(DType::F16),
+        n if n == T::NPY_FLOAT as c_int => Some(DType::F32),
+        n if n == T::NPY_DOUBLE as c_int => Some(DType::F64),
+        n if n == T::NPY_INT as c_int => Some(DType::I32),
+        n if n == T::NPY_LONGLONG as c_int => Some(DType::I64),
+        n if n == T::NPY_LONG as c_int => Some(if long_is_64 { DType::I64 } else { DType::I32 }),
+        _ => None,
+    }
 }
 
 impl Layout {
@@ -60,6 +65,12 @@ impl Layout {
 
     pub fn is_writeable(&self) -> bool {
         self.flags & NPY_ARRAY_WRITEABLE != 0
+    }
+
+    /// Native byte order ('=' or '|'; or the explicit character of this machine's order).
+    pub fn is_native(&self) -> bool {
+        let explicit_native = if cfg!(target_endian = "little") { b'<' } else { b'>' };
+        matches!(self.byteorder, b'=' | b'|') || self.byteorder == explicit_native
     }
 }
 

@@ -160,6 +160,12 @@ impl MemoryPool {
                 return Err(error);
             }
             state.stats.largest_recent_request = state.stats.largest_recent_request.max(bytes);
+            // The limit caps live bytes too: cached segments reserved before a lower limit was
+            // set must not let allocations exceed it.
+            if state.limit.is_some_and(|l| state.stats.allocated_bytes_current + size > l) {
+                state.stats.num_ooms += 1;
+                return Err(self.oom_error(&state, bytes, false));
+            }
             Self::process_pending(&mut state);
             if let Some(addr) = Self::take_free(&mut state, size, stream) {
                 state.stats.num_cache_hits += 1;

@@ -1,0 +1,43 @@
+# One command surface for humans, hooks and CI (see README.md).
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+
+.PHONY: setup build demo test test-rust test-python lint stubtest bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "maturin>=1.7,<2" "numpy>=1.24" "pytest>=7" "mypy>=1.8" "psutil>=5"
+
+setup: $(PY) build
+
+build: $(PY)
+	$(VENV)/bin/maturin develop --release -q
+
+demo: setup
+	$(PY) benchmarks/demo.py
+
+test: setup test-rust test-python stubtest
+
+test-rust:
+	cargo test --workspace --exclude opbridge-python -q
+
+test-python: $(PY)
+	$(PY) -m pytest -q
+
+stubtest: $(PY)
+	$(PY) -m mypy.stubtest opbridge._native --allowlist .ci/stubtest-allowlist.txt
+
+lint:
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets -q -- -D warnings
+
+bench: setup
+	$(PY) benchmarks/bench_vector_add.py
+	$(PY) benchmarks/bench_matmul.py
+	$(PY) benchmarks/bench_bindings.py
+	cargo bench -p opbridge-runtime --bench pool
+
+clean:
+	rm -rf $(VENV) target benchmarks/_build

@@ -1,0 +1,27 @@
+"""Shared timing helpers for the benchmark scripts: best-of-N loops, sized automatically."""
+
+from __future__ import annotations
+
+import timeit
+from typing import Callable
+
+
+def best_time(fn: Callable[[], object], min_time: float = 0.2, repeat: int = 5) -> float:
+    """Seconds per call: the best of `repeat` loops, each sized to run about `min_time`."""
+    timer = timeit.Timer(fn)
+    number, elapsed = 1, 0.0
+    while True:
+        elapsed = timer.timeit(number)
+        if elapsed >= min_time / 4 or number >= 1 << 24:
+            break
+        number *= 4
+    number = max(1, int(number * (min_time / max(elapsed, 1e-9))))
+    return min(timer.repeat(repeat=repeat, number=number)) / number
+
+
+def fmt_time(seconds: float) -> str:
+    if seconds < 1e-6:
+        return f"{seconds * 1e9:.0f} ns"
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.1f} µs"
+    return f"{seconds * 1e3:.2f} ms"

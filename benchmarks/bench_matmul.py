@@ -1,0 +1,47 @@
+"""matmul against numpy (OpenBLAS) in the same run, plus pool allocate/free from Python.
+
+numpy is measured as it runs for users; OPENBLAS_CORETYPE pins an older kernel on some
+machines here, so for a fair peer run this with it unset (``make bench`` does):
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/bench_matmul.py
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _timing import best_time, fmt_time  # noqa: E402
+
+import opbridge as ob  # noqa: E402
+
+
+def main() -> None:
+    print(f"# matmul vs numpy {np.__version__} (OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', 'unset')})\n")
+    print("| shape | dtype | opbridge | GFLOP/s | numpy | numpy GFLOP/s | time ratio ob/np |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    rng = np.random.default_rng(0)
+    result = {}
+    for n in (64, 256, 1024):
+        for dtype in (np.float32, np.float64):
+            a = rng.random((n, n)).astype(dtype)
+            b = rng.random((n, n)).astype(dtype)
+            c = np.empty_like(a)
+            assert np.allclose(ob.matmul(a, b), a @ b, rtol=1e-3)
+            t_ob = best_time(lambda: ob.matmul(a, b, out=c), 0.3)
+            t_np = best_time(lambda: np.matmul(a, b, out=c), 0.3)
+            flops = 2 * n**3
+            result[(n, np.dtype(dtype).name)] = t_ob / t_np
+            print(
+                f"| {n}² | {np.dtype(dtype).name} | {fmt_time(t_ob)} | {flops / t_ob / 1e9:.1f} | "
+                f"{fmt_time(t_np)} | {flops / t_np / 1e9:.1f} | {t_ob / t_np:.2f} |"
+            )
+    ratio = result[(1024, "float32")]
+    print(f"\nTarget: float32 1024² ≤ 1.2× numpy's time: {ratio:.2f}× — {'met' if ratio <= 1.2 else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()

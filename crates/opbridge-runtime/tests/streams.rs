@@ -1,0 +1,685 @@
+//! Integration tests of streams, events, cross-stream tensor ordering and the staged pipeline
+//! on the CPU device.
+//!
+//! `DeviceContext::synchronize` waits for (and reports the errors of) every stream of the
+//! device, and the pool's counters are global, so the tests of this file take one lock and run
+//! one at a time. Kernels that must stay busy block on a channel instead of sleeping: the test
+//! releases them, and if it panics first, dropping the sender releases them too.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread;
+use std::time::Duration;
+
+use opbridge_runtime::pipeline::{staged_map, PipelineReport};
+use opbridge_runtime::{
+    current_stream, set_current_stream, DType, DeviceContext, DeviceId, DevicePtr, Error, Event, HostFn, Stream,
+    StreamId, Tensor,
+};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn ctx() -> &'static DeviceContext {
+    DeviceContext::cpu()
+}
+
+fn new_stream() -> Stream {
+    Stream::new(ctx()).expect("creating a stream")
+}
+
+type Log<T> = Arc<Mutex<Vec<T>>>;
+
+fn new_log<T>() -> Log<T> {
+    Arc::new(Mutex::new(Vec::new()))
+}
+
+fn logged<T: Clone>(log: &Log<T>) -> Vec<T> {
+    log.lock().unwrap().clone()
+}
+
+/// A kernel that pushes `value` to `log`.
+fn push<T: Send + 'static>(log: &Log<T>, value: T) -> HostFn {
+    let log = Arc::clone(log);
+    Box::new(move || {
+        log.lock().unwrap().push(value);
+        Ok(())
+    })
+}
+
+/// A kernel that blocks its stream until the returned sender sends (or is dropped).
+fn gate() -> (mpsc::Sender<()>, HostFn) {
+    let (release, gate) = mpsc::channel::<()>();
+    let kernel: HostFn = Box::new(move || {
+        let _ = gate.recv();
+        Ok(())
+    });
+    (release, kernel)
+}
+
+fn sleep_kernel(ms: u64) -> HostFn {
+    Box::new(move || {
+        thread::sleep(Duration::from_millis(ms));
+        Ok(())
+    })
+}
+
+#[test]
+fn launches_on_one_stream_run_in_order() {
+    let _serial = serial();
+    let stream = new_stream();
+    assert_eq!(stream.device(), DeviceId::CPU);
+    assert_ne!(stream.id(), StreamId::HOST);
+    let log = new_log();
+    for i in 0..1000 {
+        stream.launch(push(&log, i)).unwrap();
+    }
+    stream.synchronize().unwrap();
+    assert_eq!(logged(&log), (0..1000).collect::<Vec<_>>());
+    assert!(stream.query());
+}
+
+#[test]
+fn host_funcs_run_in_order_with_kernels() {
+    let _serial = serial();
+    let stream = new_stream();
+    let log = new_log();
+    let (release, blocked) = gate();
+    stream.launch(blocked).unwrap();
+    for i in 0..30 {
+        if i % 3 == 0 {
+            stream.launch_host_func(push(&log, format!("host {i}"))).unwrap();
+        } else {
+            stream.launch(push(&log, format!("kernel {i}"))).unwrap();
+        }
+    }
+    assert!(logged(&log).is_empty(), "a host func waits for the earlier kernels");
+    release.send(()).unwrap();
+    stream.synchronize().unwrap();
+    let expected: Vec<String> =
+        (0..30).map(|i| if i % 3 == 0 { format!("host {i}") } else { format!("kernel {i}") }).collect();
+    assert_eq!(logged(&log), expected);
+}
+
+#[test]
+fn streams_are_distinct_and_comparable() {
+    let _serial = serial();
+    let (a, b) = (new_stream(), new_stream());
+    assert_ne!(a, b);
+    assert_ne!(a.id(), b.id());
+    assert_eq!(a.clone(), a, "a clone is a handle to the same stream");
+    assert!(format!("{a:?}").contains("cpu:0"));
+}
+
+#[test]
+fn each_thread_has_its_own_current_stream() {
+    let _serial = serial();
+    let ctx = ctx();
+    let here = ctx.current_stream().unwrap();
+    assert_eq!(current_stream(ctx).unwrap(), here, "same thread, same stream");
+    assert_eq!(ctx.current_stream().unwrap(), here);
+    let (x, y) = thread::scope(|s| {
+        let per_thread = || {
+            let first = current_stream(ctx).unwrap();
+            assert_eq!(current_stream(ctx).unwrap(), first);
+            first.id()
+        };
+        let x = s.spawn(per_thread);
+        let y = s.spawn(per_thread);
+        (x.join().unwrap(), y.join().unwrap())
+    });
+    assert_ne!(x, y);
+    assert_ne!(x, here.id());
+    assert_ne!(y, here.id());
+    assert_eq!(ctx.current_stream().unwrap(), here, "other threads did not change this one's");
+}
+
+#[test]
+fn set_current_stream_returns_the_previous_one() {
+    let _serial = serial();
+    let ctx = ctx();
+    // A fresh thread has no current stream until it asks for one or sets one.
+    thread::scope(|s| {
+        s.spawn(|| {
+            let mine = new_stream();
+            assert_eq!(set_current_stream(mine.clone()), None);
+            assert_eq!(current_stream(ctx).unwrap(), mine);
+        });
+    });
+    let original = current_stream(ctx).unwrap();
+    let other = new_stream();
+    let previous = set_current_stream(other.clone());
+    assert_eq!(previous.as_ref(), Some(&original));
+    assert_eq!(current_stream(ctx).unwrap(), other);
+    // What a `with stream:` block does on exit.
+    let restored = set_current_stream(previous.unwrap());
+    assert_eq!(restored, Some(other));
+    assert_eq!(current_stream(ctx).unwrap(), original);
+}
+
+#[test]
+fn synchronize_waits_for_the_stream() {
+    let _serial = serial();
+    let stream = new_stream();
+    let done = Arc::new(AtomicBool::new(false));
+    let (release, blocked) = gate();
+    stream.launch(blocked).unwrap();
+    let flag = Arc::clone(&done);
+    stream
+        .launch(Box::new(move || {
+            flag.store(true, Ordering::SeqCst);
+            Ok(())
+        }))
+        .unwrap();
+    assert!(!stream.query(), "work is still queued");
+    assert!(!done.load(Ordering::SeqCst));
+    release.send(()).unwrap();
+    stream.synchronize().unwrap();
+    assert!(done.load(Ordering::SeqCst));
+    assert!(stream.query());
+}
+
+#[test]
+fn device_synchronize_waits_for_every_stream() {
+    let _serial = serial();
+    let streams: Vec<Stream> = (0..3).map(|_| new_stream()).collect();
+    let flags: Vec<Arc<AtomicBool>> = (0..3).map(|_| Arc::new(AtomicBool::new(false))).collect();
+    for (stream, flag) in streams.iter().zip(&flags) {
+        let flag = Arc::clone(flag);
+        stream
+            .launch(Box::new(move || {
+                thread::sleep(Duration::from_millis(30));
+                flag.store(true, Ordering::SeqCst);
+                Ok(())
+            }))
+            .unwrap();
+    }
+    ctx().synchronize().unwrap();
+    assert!(flags.iter().all(|f| f.load(Ordering::SeqCst)));
+    assert!(streams.iter().all(Stream::query));
+}
+
+#[test]
+fn device_synchronize_waits_for_work_on_dropped_streams() {
+    let _serial = serial();
+    let done = Arc::new(AtomicBool::new(false));
+    {
+        let stream = new_stream();
+        stream.launch(sleep_kernel(100)).unwrap();
+        let flag = Arc::clone(&done);
+        stream
+            .launch(Box::new(move || {
+                flag.store(true, Ordering::SeqCst);
+                Ok(())
+            }))
+            .unwrap();
+        stream.launch(Box::new(|| Err("failed after its stream was dropped".into()))).unwrap();
+    } // the only handle goes; the queued work keeps running (as after cudaStreamDestroy)
+    let outcome = ctx().synchronize();
+    assert!(done.load(Ordering::SeqCst), "the dropped stream's work finished first");
+    // Its asynchronous error is not lost either.
+    match outcome {
+        Err(Error::Async { message, .. }) => assert_eq!(message, "failed after its stream was dropped"),
+        other => panic!("expected the dropped stream's error, got {other:?}"),
+    }
+    ctx().synchronize().unwrap();
+}
+
+#[test]
+fn kernel_errors_surface_at_the_next_synchronize() {
+    let _serial = serial();
+    let stream = new_stream();
+    let log = new_log();
+    stream.launch(Box::new(|| Err("boom".to_string()))).unwrap();
+    stream.launch(push(&log, 1)).unwrap();
+    match stream.synchronize() {
+        Err(Error::Async { stream: name, message }) => {
+            assert_eq!(message, "boom");
+            assert!(name.starts_with("opbridge-cpu-stream"), "{name}");
+        }
+        other => panic!("expected an async error, got {other:?}"),
+    }
+    assert_eq!(logged(&log), [1], "later work still ran");
+    stream.synchronize().expect("an error is reported once");
+
+    // A panicking kernel is an error too, and does not kill the stream's worker.
+    stream.launch(Box::new(|| panic!("kernel bug (expected by this test)"))).unwrap();
+    stream.launch(push(&log, 2)).unwrap();
+    match stream.synchronize() {
+        Err(Error::Async { message, .. }) => assert_eq!(message, "kernel panicked"),
+        other => panic!("expected an async error, got {other:?}"),
+    }
+    stream.launch(push(&log, 3)).unwrap();
+    stream.synchronize().unwrap();
+    assert_eq!(logged(&log), [1, 2, 3]);
+
+    // Only the first error since the last synchronize is kept.
+    stream.launch(Box::new(|| Err("first".to_string()))).unwrap();
+    stream.launch(Box::new(|| Err("second".to_string()))).unwrap();
+    assert!(matches!(stream.synchronize(), Err(Error::Async { message, .. }) if message == "first"));
+    stream.synchronize().unwrap();
+}
+
+#[test]
+fn device_synchronize_reports_a_stream_error_once() {
+    let _serial = serial();
+    let (ok, failing) = (new_stream(), new_stream());
+    ok.launch(sleep_kernel(5)).unwrap();
+    failing.launch(Box::new(|| Err("late failure".to_string()))).unwrap();
+    match ctx().synchronize() {
+        Err(Error::Async { message, .. }) => assert_eq!(message, "late failure"),
+        other => panic!("expected an async error, got {other:?}"),
+    }
+    failing.synchronize().expect("already reported by the device synchronize");
+    ctx().synchronize().unwrap();
+    let log = new_log();
+    failing.launch(push(&log, "still works")).unwrap();
+    failing.synchronize().unwrap();
+    assert_eq!(logged(&log), ["still works"]);
+}
+
+#[test]
+fn events_complete_in_stream_order_and_time_the_work_between() {
+    let _serial = serial();
+    let stream = new_stream();
+    let start = stream.record_new_event().unwrap();
+    stream.launch(sleep_kernel(20)).unwrap();
+    let end = Event::new(ctx()).unwrap();
+    assert_eq!(end.device(), DeviceId::CPU);
+    end.record(&stream).unwrap();
+    end.synchronize().unwrap();
+    assert!(start.query() && end.query());
+    let ms = start.elapsed_ms(&end).unwrap();
+    assert!(ms >= 19.999, "elapsed {ms} ms across a 20 ms kernel");
+    let back = end.elapsed_ms(&start).unwrap();
+    assert!(back <= -19.999, "signed like cudaEventElapsedTime: {back}");
+}
+
+#[test]
+fn event_query_follows_the_stream() {
+    let _serial = serial();
+    let stream = new_stream();
+    let (release, blocked) = gate();
+    stream.launch(blocked).unwrap();
+    let event = stream.record_new_event().unwrap();
+    assert!(!event.query(), "the stream has not reached the event");
+    assert!(format!("{event:?}").contains("done=false"));
+    release.send(()).unwrap();
+    event.synchronize().unwrap();
+    assert!(event.query());
+}
+
+#[test]
+fn elapsed_time_needs_two_completed_events() {
+    let _serial = serial();
+    let stream = new_stream();
+    let never = Event::new(ctx()).unwrap();
+    assert!(never.query(), "an unrecorded event counts as complete");
+    never.synchronize().unwrap();
+    let recorded = stream.record_new_event().unwrap();
+    recorded.synchronize().unwrap();
+    assert!(matches!(never.elapsed_ms(&recorded), Err(Error::Device { .. })));
+    assert!(matches!(recorded.elapsed_ms(&never), Err(Error::Device { .. })));
+
+    // Recorded but not reached yet: also an error, not a made-up figure.
+    let (release, blocked) = gate();
+    stream.launch(blocked).unwrap();
+    let pending = stream.record_new_event().unwrap();
+    assert!(matches!(recorded.elapsed_ms(&pending), Err(Error::Device { .. })));
+    release.send(()).unwrap();
+    pending.synchronize().unwrap();
+    assert!(recorded.elapsed_ms(&pending).unwrap() >= 0.0);
+}
+
+#[test]
+fn re_recording_an_event_moves_it() {
+    let _serial = serial();
+    let (busy, idle) = (new_stream(), new_stream());
+    let (release, blocked) = gate();
+    busy.launch(blocked).unwrap();
+    let event = busy.record_new_event().unwrap();
+    assert!(!event.query());
+    event.record(&idle).unwrap();
+    idle.synchronize().unwrap();
+    assert!(event.query(), "the event now marks the idle stream's point");
+    release.send(()).unwrap();
+    busy.synchronize().unwrap();
+    assert!(event.query());
+}
+
+#[test]
+fn wait_event_orders_work_across_streams() {
+    let _serial = serial();
+    let (a, b) = (new_stream(), new_stream());
+    let log = new_log();
+    let (release, blocked) = gate();
+    a.launch(blocked).unwrap();
+    a.launch(push(&log, "a")).unwrap();
+    let a_done = a.record_new_event().unwrap();
+    b.wait_event(&a_done).unwrap();
+    b.launch(push(&log, "b")).unwrap();
+    assert!(!b.query(), "B waits for A");
+    assert!(logged(&log).is_empty());
+    release.send(()).unwrap();
+    b.synchronize().unwrap();
+    assert_eq!(logged(&log), ["a", "b"]);
+
+    // Waiting on an event that was never recorded does not block.
+    let c = new_stream();
+    c.wait_event(&Event::new(ctx()).unwrap()).unwrap();
+    c.launch(push(&log, "c")).unwrap();
+    c.synchronize().unwrap();
+    assert_eq!(logged(&log), ["a", "b", "c"]);
+}
+
+/// Writes `values` to the f32s at `ptr`.
+///
+/// # Safety
+/// `ptr` must be the 4-byte-aligned address of at least `values.len()` f32s of host memory
+/// that nothing else reads or writes during the call.
+unsafe fn write_f32s(ptr: DevicePtr, values: &[f32]) {
+    // SAFETY: the caller's obligations.
+    unsafe { std::ptr::copy_nonoverlapping(values.as_ptr(), ptr.0 as *mut f32, values.len()) }
+}
+
+/// Reads `n` f32s at `ptr`.
+///
+/// # Safety
+/// `ptr` must be the 4-byte-aligned address of at least `n` initialized f32s of host memory
+/// that nothing writes during the call.
+unsafe fn read_f32s(ptr: DevicePtr, n: usize) -> Vec<f32> {
+    // SAFETY: the caller's obligations.
+    unsafe { std::slice::from_raw_parts(ptr.0 as *const f32, n).to_vec() }
+}
+
+#[test]
+fn tensor_read_on_another_stream_sees_the_write() {
+    let _serial = serial();
+    let ctx = ctx();
+    let (a, b) = (new_stream(), new_stream());
+    const N: usize = 1024;
+    let tensor = Tensor::empty(ctx, &[N], DType::F32, a.id()).unwrap();
+    assert_eq!(tensor.nbytes(), N * 4);
+    let ptr = tensor.data_ptr();
+    // Zero it first, so a read that ran too early would see zeros, not uninitialized memory.
+    Tensor::launch(
+        &a,
+        &[],
+        &[&tensor],
+        Box::new(move || {
+            // SAFETY: `tensor` (kept alive until the streams are synchronized) owns N f32s of
+            // host memory at `ptr`, and Tensor::launch orders every access to it.
+            unsafe { write_f32s(ptr, &[0.0; N]) };
+            Ok(())
+        }),
+    )
+    .unwrap();
+    a.synchronize().unwrap();
+
+    let expected: Vec<f32> = (0..N).map(|i| i as f32 * 1.5).collect();
+    let values = expected.clone();
+    let log = new_log();
+    let (release, gate_rx) = mpsc::channel::<()>();
+    let write_log = Arc::clone(&log);
+    Tensor::launch(
+        &a,
+        &[],
+        &[&tensor],
+        Box::new(move || {
+            let _ = gate_rx.recv(); // a slow writer
+                                    // SAFETY: as above.
+            unsafe { write_f32s(ptr, &values) };
+            write_log.lock().unwrap().push("write");
+            Ok(())
+        }),
+    )
+    .unwrap();
+    let seen: Log<f32> = new_log();
+    let (read_log, read_seen) = (Arc::clone(&log), Arc::clone(&seen));
+    Tensor::launch(
+        &b,
+        &[&tensor],
+        &[],
+        Box::new(move || {
+            // SAFETY: as above; the tensor was zeroed, so all N f32s are initialized.
+            let values = unsafe { read_f32s(ptr, N) };
+            read_seen.lock().unwrap().extend(values);
+            read_log.lock().unwrap().push("read");
+            Ok(())
+        }),
+    )
+    .unwrap();
+    assert!(!b.query(), "the read on B waits for the write on A");
+    release.send(()).unwrap();
+    b.synchronize().unwrap();
+    assert_eq!(logged(&log), ["write", "read"]);
+    assert_eq!(logged(&seen), expected);
+    tensor.wait_idle().unwrap();
+}
+
+#[test]
+fn tensor_write_waits_for_reads_and_writes_on_other_streams() {
+    let _serial = serial();
+    let ctx = ctx();
+    let (a, b, c) = (new_stream(), new_stream(), new_stream());
+    let tensor = Tensor::empty(ctx, &[16], DType::I32, a.id()).unwrap();
+    let log = new_log();
+
+    // Write after read: a write on C waits for a slow read on B.
+    let (release, blocked) = gate();
+    Tensor::launch(&b, &[&tensor], &[], blocked).unwrap();
+    Tensor::launch(&b, &[&tensor], &[], push(&log, "read on b")).unwrap();
+    Tensor::launch(&c, &[], &[&tensor], push(&log, "write on c")).unwrap();
+    assert!(!c.query(), "the write waits for the read");
+    release.send(()).unwrap();
+    c.synchronize().unwrap();
+    assert_eq!(logged(&log), ["read on b", "write on c"]);
+
+    // Write after write: a write on A waits for a slow write on C.
+    let (release, blocked) = gate();
+    Tensor::launch(&c, &[], &[&tensor], blocked).unwrap();
+    Tensor::launch(&c, &[], &[&tensor], push(&log, "write on c")).unwrap();
+    Tensor::launch(&a, &[], &[&tensor], push(&log, "write on a")).unwrap();
+    assert!(!a.query());
+    release.send(()).unwrap();
+    a.synchronize().unwrap();
+    assert_eq!(logged(&log)[2..], ["write on c", "write on a"]);
+
+    // Reads on two streams do not wait for each other.
+    let (release, blocked) = gate();
+    Tensor::launch(&b, &[&tensor], &[], blocked).unwrap();
+    Tensor::launch(&c, &[&tensor], &[], push(&log, "read on c")).unwrap();
+    // Should the read on C wrongly wait for B, this watchdog ends the wait (and the test fails
+    // below) instead of letting it hang.
+    let watchdog = release.clone();
+    thread::spawn(move || {
+        thread::sleep(Duration::from_secs(5));
+        let _ = watchdog.send(());
+    });
+    c.synchronize().unwrap(); // returns although the read on B is still blocked
+    assert!(!b.query(), "the read on C did not wait for the read on B");
+    release.send(()).unwrap();
+    b.synchronize().unwrap();
+    assert_eq!(logged(&log).last(), Some(&"read on c"));
+}
+
+#[test]
+fn tensor_wait_ready_and_wait_idle_block_the_host() {
+    let _serial = serial();
+    let ctx = ctx();
+    let stream = new_stream();
+    let tensor = Tensor::empty(ctx, &[4, 4], DType::F64, stream.id()).unwrap();
+    assert!(tensor.is_contiguous());
+    let log = new_log();
+    let writer = Arc::clone(&log);
+    Tensor::launch(
+        &stream,
+        &[],
+        &[&tensor],
+        Box::new(move || {
+            thread::sleep(Duration::from_millis(30));
+            writer.lock().unwrap().push("written");
+            Ok(())
+        }),
+    )
+    .unwrap();
+    tensor.wait_ready().unwrap();
+    assert_eq!(logged(&log), ["written"], "wait_ready returns after the write");
+
+    let reader = new_stream();
+    let read_log = Arc::clone(&log);
+    Tensor::launch(
+        &reader,
+        &[&tensor],
+        &[],
+        Box::new(move || {
+            thread::sleep(Duration::from_millis(30));
+            read_log.lock().unwrap().push("read");
+            Ok(())
+        }),
+    )
+    .unwrap();
+    tensor.wait_idle().unwrap();
+    assert_eq!(logged(&log), ["written", "read"], "wait_idle returns after the read");
+}
+
+#[test]
+fn tensor_launch_makes_the_pool_wait_for_other_streams() {
+    let _serial = serial();
+    let ctx = ctx();
+    let (a, b) = (new_stream(), new_stream());
+    let tensor = Tensor::empty(ctx, &[1000], DType::F32, a.id()).unwrap();
+    let ptr = tensor.data_ptr();
+    let (release, blocked) = gate();
+    Tensor::launch(&b, &[&tensor], &[], blocked).unwrap(); // no record_stream needed
+    let pending_before = ctx.pool().stats().pending_free_blocks;
+    drop(tensor);
+    assert_eq!(ctx.pool().stats().pending_free_blocks, pending_before + 1);
+    let other = Tensor::empty(ctx, &[1000], DType::F32, a.id()).unwrap();
+    assert_ne!(other.data_ptr(), ptr, "B may still read the old block");
+    release.send(()).unwrap();
+    b.synchronize().unwrap();
+    assert_eq!(ctx.pool().stats().pending_free_blocks, pending_before);
+    drop(other);
+    let again = Tensor::empty(ctx, &[1000], DType::F32, a.id()).unwrap();
+    assert_eq!(again.data_ptr(), ptr, "reused once B is done");
+}
+
+/// The chunk kernel of an f32 elementwise add.
+fn add_f32(inputs: &[DevicePtr], out: DevicePtr, n: usize) -> HostFn {
+    let (a, b) = (inputs[0], inputs[1]);
+    Box::new(move || {
+        // SAFETY: on the CPU device, device pointers are host addresses. The pipeline passes
+        // two input blocks and an output block of at least `n` f32s each (64-byte aligned,
+        // pool-owned for the whole run), and orders this kernel after the copies into the
+        // inputs and before the copy out of the output; the three blocks are distinct.
+        let (a, b, out) = unsafe {
+            (
+                std::slice::from_raw_parts(a.0 as *const f32, n),
+                std::slice::from_raw_parts(b.0 as *const f32, n),
+                std::slice::from_raw_parts_mut(out.0 as *mut f32, n),
+            )
+        };
+        for ((o, x), y) in out.iter_mut().zip(a).zip(b) {
+            *o = x + y;
+        }
+        Ok(())
+    })
+}
+
+fn to_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_ne_bytes()).collect()
+}
+
+fn from_bytes(bytes: &[u8]) -> Vec<f32> {
+    bytes.chunks_exact(4).map(|c| f32::from_ne_bytes(c.try_into().unwrap())).collect()
+}
+
+/// Runs the staged add of `a` and `b` in chunks of `chunk` elements.
+fn staged_add(a: &[f32], b: &[f32], chunk: usize) -> (opbridge_runtime::Result<PipelineReport>, Vec<f32>) {
+    let (a_bytes, b_bytes) = (to_bytes(a), to_bytes(b));
+    let mut out = vec![0u8; a.len() * 4];
+    let report = staged_map(ctx(), &[&a_bytes, &b_bytes], &[4, 4], &mut out, 4, a.len(), chunk, &add_f32);
+    (report, from_bytes(&out))
+}
+
+#[test]
+fn staged_map_adds_two_f32_arrays() {
+    let _serial = serial();
+    let ctx = ctx();
+    ctx.synchronize().unwrap();
+    let (device, pinned) = (ctx.pool().stats(), ctx.pinned_pool().stats());
+
+    const N: usize = 100_003;
+    let a: Vec<f32> = (0..N).map(|i| i as f32).collect();
+    let b: Vec<f32> = (0..N).map(|i| 0.25 * (i % 1000) as f32 - 7.0).collect();
+    let expected: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+    let (report, sum) = staged_add(&a, &b, 4096);
+    let report = report.unwrap();
+    assert_eq!(sum, expected);
+    assert_eq!(report, PipelineReport { chunks: N.div_ceil(4096), bytes_in: 2 * N * 4, bytes_out: N * 4 });
+    assert_eq!(report.chunks, 25);
+
+    // Its staging and device blocks go back to the pools once the pipeline streams are done.
+    ctx.synchronize().unwrap();
+    let (device_after, pinned_after) = (ctx.pool().stats(), ctx.pinned_pool().stats());
+    assert_eq!(device_after.allocated_bytes_current, device.allocated_bytes_current);
+    assert_eq!(device_after.allocated_blocks, device.allocated_blocks);
+    assert_eq!(device_after.pending_free_blocks, 0);
+    assert_eq!(pinned_after.allocated_bytes_current, pinned.allocated_bytes_current);
+    assert_eq!(pinned_after.pending_free_blocks, 0);
+
+    // A second run is served from the cache.
+    let (report, sum) = staged_add(&b, &a, 4096);
+    assert_eq!(report.unwrap().chunks, 25);
+    assert_eq!(sum, expected);
+    ctx.synchronize().unwrap();
+    let device_again = ctx.pool().stats();
+    assert_eq!(device_again.reserved_bytes_current, device_after.reserved_bytes_current, "no new segment");
+    assert!(device_again.num_cache_hits > device_after.num_cache_hits);
+    assert_eq!(device_again.allocated_bytes_current, device.allocated_bytes_current);
+    assert_eq!(ctx.pinned_pool().stats().allocated_bytes_current, pinned.allocated_bytes_current);
+}
+
+#[test]
+fn staged_map_handles_short_and_empty_inputs() {
+    let _serial = serial();
+    let a = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0];
+    let b = [0.5f32; 10];
+    let (report, sum) = staged_add(&a, &b, 3);
+    assert_eq!(report.unwrap(), PipelineReport { chunks: 4, bytes_in: 80, bytes_out: 40 });
+    assert_eq!(sum, a.iter().map(|x| x + 0.5).collect::<Vec<_>>());
+
+    let (report, sum) = staged_add(&a, &b, 1 << 20);
+    assert_eq!(report.unwrap().chunks, 1, "one chunk when it is larger than the input");
+    assert_eq!(sum[9], 10.5);
+
+    let (report, sum) = staged_add(&[], &[], 4096);
+    assert_eq!(report.unwrap(), PipelineReport::default());
+    assert!(sum.is_empty());
+    ctx().synchronize().unwrap();
+}
+
+#[test]
+fn staged_map_reports_a_failing_kernel() {
+    let _serial = serial();
+    let ctx = ctx();
+    let input = to_bytes(&[1.0; 100]);
+    let mut out = vec![0u8; 400];
+    let failing =
+        |_: &[DevicePtr], _: DevicePtr, _: usize| -> HostFn { Box::new(|| Err("chunk kernel failed".into())) };
+    match staged_map(ctx, &[&input], &[4], &mut out, 4, 100, 32, &failing) {
+        Err(Error::Async { message, .. }) => assert_eq!(message, "chunk kernel failed"),
+        other => panic!("expected the kernel's error, got {other:?}"),
+    }
+    ctx.synchronize().unwrap();
+    // The pipeline streams keep working.
+    let (report, sum) = staged_add(&[1.0, 2.0], &[3.0, 4.0], 1);
+    assert_eq!(report.unwrap().chunks, 2);
+    assert_eq!(sum, [4.0, 6.0]);
+    ctx.synchronize().unwrap();
+}

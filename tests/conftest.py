@@ -1,0 +1,54 @@
+"""Shared fixtures of the opbridge test suite (everything runs on the CPU device)."""
+
+from __future__ import annotations
+
+import gc
+from typing import Callable, Iterator, Optional
+
+import numpy as np
+import pytest
+
+import opbridge as ob
+
+ADD_DTYPES = [np.float16, np.float32, np.float64, np.int32, np.int64]
+FLOAT_DTYPES = [np.float16, np.float32, np.float64]
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    """A seeded generator: every run sees the same data."""
+    return np.random.default_rng(20240601)
+
+
+def random_array(rng: np.random.Generator, shape, dtype) -> np.ndarray:
+    """Values of `dtype` whose sums stay exact in range (ints) and finite (floats)."""
+    dtype = np.dtype(dtype)
+    if dtype.kind == "i":
+        return rng.integers(-1_000_000, 1_000_000, size=shape).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype) * 100
+
+
+@pytest.fixture
+def memory_limit() -> Iterator[Callable[[Optional[int]], None]]:
+    """Sets the CPU pool's byte limit; the limit is always removed again afterwards."""
+
+    def set_limit(limit: Optional[int]) -> None:
+        ob.set_memory_limit(limit)
+
+    try:
+        yield set_limit
+    finally:
+        ob.set_memory_limit(None)
+
+
+def pool_allocated_bytes() -> int:
+    gc.collect()
+    ob.synchronize()
+    return int(ob.get_memory_pool_stats()["allocated_bytes.current"])
+
+
+@pytest.fixture(autouse=True)
+def _device_is_quiet_after_each_test() -> Iterator[None]:
+    """Each test leaves no pending work or unreported asynchronous error behind."""
+    yield
+    ob.synchronize()
