@@ -4,7 +4,7 @@
 
 use rayon::prelude::*;
 
-use super::Element;
+use super::{streaming, Element};
 use opbridge_runtime::DType;
 
 /// Below this many elements a call stays on the calling thread: waking the pool costs more
@@ -70,6 +70,11 @@ fn double_in_place<T: Element>(inout: &mut [T], parallel: bool) {
 /// other thread accesses it during the call; `out` is either disjoint from an input or equal
 /// to it, as `alias` says.
 pub unsafe fn add(dtype: DType, a: *const u8, b: *const u8, out: *mut u8, n: usize, alias: Alias) {
+    if alias == Alias::None && n * dtype.size() >= streaming::STREAMING_MIN_BYTES && streaming::supported(dtype) {
+        // SAFETY: forwarded; `alias == None` means `out` is disjoint from the inputs.
+        unsafe { add_streaming_parallel(dtype, a, b, out, n) };
+        return;
+    }
     crate::with_dtype!(dtype, T => {
         // SAFETY: forwarded from the caller's contract.
         unsafe { add_typed::<T>(a.cast(), b.cast(), out.cast(), n, alias) }
@@ -93,6 +98,24 @@ unsafe fn add_typed<T: Element>(a: *const T, b: *const T, out: *mut T, n: usize,
             Alias::OutIsBoth => double_in_place(out_slice, parallel),
         }
     }
+}
+
+/// Streaming-store add split across the compute pool in contiguous parts.
+///
+/// # Safety
+/// As for [`add`] with disjoint `out`.
+unsafe fn add_streaming_parallel(dtype: DType, a: *const u8, b: *const u8, out: *mut u8, n: usize) {
+    let size = dtype.size();
+    let parts = rayon::current_num_threads().max(1);
+    let per_part = n.div_ceil(parts);
+    let (a, b, out) = (a as usize, b as usize, out as usize);
+    (0..parts).into_par_iter().for_each(|part| {
+        let start = (part * per_part).min(n);
+        let len = per_part.min(n - start);
+        let at = |base: usize| base + start * size;
+        // SAFETY: parts cover disjoint ranges of `out` inside the caller's `n` elements.
+        unsafe { streaming::add_streaming(dtype, at(a) as *const u8, at(b) as *const u8, at(out) as *mut u8, len) };
+    });
 }
 
 /// Converts `n` contiguous elements from `from` to `to` (numpy's `astype` for the promotions

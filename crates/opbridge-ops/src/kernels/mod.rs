@@ -4,6 +4,7 @@
 pub mod copy;
 pub mod elementwise;
 pub mod matmul;
+pub mod streaming;
 
 use half::f16;
 
