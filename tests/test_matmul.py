@@ -135,6 +135,15 @@ def test_non_square_large(rng: np.random.Generator) -> None:
     assert_close(ob.matmul(a, b), a, b, np.float32)
 
 
+def test_unaligned_inputs(rng: np.random.Generator) -> None:
+    a, b = operands(rng, 20, 30, 10, np.float64)
+    buf = bytearray(a.nbytes + 8)
+    ua = np.frombuffer(buf, dtype=np.float64, offset=4, count=a.size).reshape(a.shape)
+    ua[...] = a
+    assert not ua.flags.aligned
+    assert_close(ob.matmul(ua, b), a, b, np.float64)
+
+
 def test_lists_as_inputs() -> None:
     c = ob.matmul([[1.0, 2.0], [3.0, 4.0]], [[5.0], [6.0]])
     np.testing.assert_array_equal(c, np.array([[17.0], [39.0]]))

@@ -16,11 +16,7 @@ use opbridge_runtime::DType;
 pub const ADD_DTYPES: [DType; 5] = DType::ALL;
 
 /// Checks `vector_add` arguments; returns the result dtype (numpy's for `a + b`).
-pub fn check_vector_add(
-    a: (DType, &[usize]),
-    b: (DType, &[usize]),
-    out: Option<(DType, &[usize])>,
-) -> Result<DType> {
+pub fn check_vector_add(a: (DType, &[usize]), b: (DType, &[usize]), out: Option<(DType, &[usize])>) -> Result<DType> {
     const OP: &str = "vector_add";
     if a.1 != b.1 {
         return Err(OpError::Shape {

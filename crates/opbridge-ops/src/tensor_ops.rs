@@ -14,7 +14,11 @@ fn same_device(op: &'static str, tensors: &[&Tensor], stream: &Stream) -> Result
         if t.device() != stream.device() {
             return Err(OpError::Device {
                 op,
-                message: format!("expected tensors on {} (the stream's device), got one on {}", stream.device(), t.device()),
+                message: format!(
+                    "expected tensors on {} (the stream's device), got one on {}",
+                    stream.device(),
+                    t.device()
+                ),
             });
         }
     }
@@ -64,7 +68,12 @@ pub fn contiguous(t: &Arc<Tensor>, dtype: DType, stream: &Stream) -> Result<Arc<
 }
 
 /// `a + b` on `stream`. Returns the new tensor, or `None` when it wrote into `out`.
-pub fn vector_add(a: &Arc<Tensor>, b: &Arc<Tensor>, out: Option<&Arc<Tensor>>, stream: &Stream) -> Result<Option<Arc<Tensor>>> {
+pub fn vector_add(
+    a: &Arc<Tensor>,
+    b: &Arc<Tensor>,
+    out: Option<&Arc<Tensor>>,
+    stream: &Stream,
+) -> Result<Option<Arc<Tensor>>> {
     const OP: &str = "vector_add";
     let mut all = vec![a.as_ref(), b.as_ref()];
     all.extend(out.map(|o| o.as_ref()));
@@ -128,17 +137,26 @@ fn enqueue_copy(src: &Tensor, dst: &Tensor, stream: &Stream) -> Result<()> {
 }
 
 /// `a @ b` for 2-D tensors on `stream`. Returns the new tensor, or `None` when it wrote `out`.
-pub fn matmul(a: &Arc<Tensor>, b: &Arc<Tensor>, out: Option<&Arc<Tensor>>, stream: &Stream) -> Result<Option<Arc<Tensor>>> {
+pub fn matmul(
+    a: &Arc<Tensor>,
+    b: &Arc<Tensor>,
+    out: Option<&Arc<Tensor>>,
+    stream: &Stream,
+) -> Result<Option<Arc<Tensor>>> {
     const OP: &str = "matmul";
     let mut all = vec![a.as_ref(), b.as_ref()];
     all.extend(out.map(|o| o.as_ref()));
     let ctx = same_device(OP, &all, stream)?;
-    let (m, k, n, dtype) = check_matmul((a.dtype(), a.shape()), (b.dtype(), b.shape()), out.map(|o| (o.dtype(), o.shape())))?;
+    let (m, k, n, dtype) =
+        check_matmul((a.dtype(), a.shape()), (b.dtype(), b.shape()), out.map(|o| (o.dtype(), o.shape())))?;
     let a = if a.dtype() == dtype { Arc::clone(a) } else { contiguous(a, dtype, stream)? };
     let b = if b.dtype() == dtype { Arc::clone(b) } else { contiguous(b, dtype, stream)? };
     let result = match out {
         // gemm cannot write over its inputs: compute aside, then copy into an aliasing out.
-        Some(o) if [&a, &b].iter().any(|t| overlap(byte_range(t), byte_range(o)) != Overlap::Disjoint) || !o.is_contiguous() => {
+        Some(o)
+            if [&a, &b].iter().any(|t| overlap(byte_range(t), byte_range(o)) != Overlap::Disjoint)
+                || !o.is_contiguous() =>
+        {
             Arc::new(Tensor::empty(ctx, &[m, n], dtype, stream.id())?)
         }
         Some(o) => Arc::clone(o),

@@ -40,19 +40,32 @@ fn make<'py>(py: Python<'py>, name: &str, bases: Vec<Bound<'py, PyAny>>, doc: &s
 pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = module.py();
     let exceptions = EXCEPTIONS.get_or_try_init(py, || -> PyResult<Exceptions> {
-        let base = make(py, "OpBridgeError", vec![py.get_type::<pyo3::exceptions::PyException>().into_any()], "Base class of every opbridge error.")?;
+        let base = make(
+            py,
+            "OpBridgeError",
+            vec![py.get_type::<pyo3::exceptions::PyException>().into_any()],
+            "Base class of every opbridge error.",
+        )?;
         let sub = |name: &str, builtin: Bound<'_, PyType>, doc: &str| {
             make(py, name, vec![base.clone().into_any(), builtin.into_any()], doc).map(Bound::unbind)
         };
         Ok(Exceptions {
             shape: sub("ShapeError", py.get_type::<PyValueError>(), "Shapes that an operator cannot combine.")?,
-            dtype: sub("DTypeError", py.get_type::<PyTypeError>(), "A dtype an operator does not support, or a mismatched out=.")?,
+            dtype: sub(
+                "DTypeError",
+                py.get_type::<PyTypeError>(),
+                "A dtype an operator does not support, or a mismatched out=.",
+            )?,
             oom: sub(
                 "OutOfMemoryError",
                 py.get_type::<PyMemoryError>(),
                 "The device pool could not allocate; the message gives requested, limit, allocated and cached bytes.",
             )?,
-            device: sub("DeviceError", py.get_type::<PyRuntimeError>(), "A device, stream or event failed, or arguments mix devices.")?,
+            device: sub(
+                "DeviceError",
+                py.get_type::<PyRuntimeError>(),
+                "A device, stream or event failed, or arguments mix devices.",
+            )?,
             argument: sub(
                 "ArgumentError",
                 py.get_type::<PyValueError>(),
@@ -61,7 +74,14 @@ pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
             base: base.unbind(),
         })
     })?;
-    for ty in [&exceptions.base, &exceptions.shape, &exceptions.dtype, &exceptions.oom, &exceptions.device, &exceptions.argument] {
+    for ty in [
+        &exceptions.base,
+        &exceptions.shape,
+        &exceptions.dtype,
+        &exceptions.oom,
+        &exceptions.device,
+        &exceptions.argument,
+    ] {
         let ty = ty.bind(py);
         module.add(ty.name()?, ty)?;
     }

@@ -43,7 +43,11 @@ impl<'py> HostArray<'py> {
             Ok(array) => array.clone(),
             Err(_) => {
                 let np = numpy(obj.py())?;
-                let converted = if obj.hasattr("__dlpack__")? { np.call_method1("from_dlpack", (obj,)) } else { np.call_method1("asarray", (obj,)) };
+                let converted = if obj.hasattr("__dlpack__")? {
+                    np.call_method1("from_dlpack", (obj,))
+                } else {
+                    np.call_method1("asarray", (obj,))
+                };
                 converted?.cast_into::<PyUntypedArray>()?
             }
         };
@@ -83,16 +87,20 @@ impl<'py> HostArray<'py> {
         self.layout.is_native()
     }
 
-    /// C-contiguous, native byte order and of `dtype`: `self` when it already is, else one copy
-    /// made by numpy (strided, byte-swapped and mixed-dtype inputs pay exactly that copy).
+    /// C-contiguous, aligned, native byte order and of `dtype`: `self` when it already is, else
+    /// one copy made by numpy (strided, unaligned, byte-swapped and mixed-dtype inputs pay
+    /// exactly that copy).
     pub fn normalized(self, dtype: DType) -> PyResult<HostArray<'py>> {
-        if self.dtype == dtype && self.layout().is_c_contiguous() && self.is_native() {
+        if self.dtype == dtype && self.layout().is_c_contiguous() && self.layout().is_aligned() && self.is_native() {
             return Ok(self);
         }
         let py = self.array.py();
         let kwargs = PyDict::new(py);
         kwargs.set_item("dtype", np_ffi::descr(py, dtype))?;
-        let copy = numpy(py)?.call_method("ascontiguousarray", (&self.array,), Some(&kwargs))?;
+        kwargs.set_item("order", "C")?;
+        // `numpy.array` always copies (`ascontiguousarray` would hand back an unaligned
+        // contiguous array as is).
+        let copy = numpy(py)?.call_method("array", (&self.array,), Some(&kwargs))?;
         Ok(HostArray::from_array(copy.cast_into()?, dtype))
     }
 
@@ -107,15 +115,22 @@ impl<'py> HostArray<'py> {
 /// Shape and dtype are the op's schema checks.
 pub fn check_out<'py>(op: &str, out: &Bound<'py, PyAny>) -> PyResult<HostArray<'py>> {
     let Ok(array) = out.cast::<PyUntypedArray>() else {
-        return Err(argument_error(format!("{op}: expected out to be a numpy.ndarray, got {}", out.get_type().name()?)));
+        return Err(argument_error(format!(
+            "{op}: expected out to be a numpy.ndarray, got {}",
+            out.get_type().name()?
+        )));
     };
     let out = HostArray::extract(op, "out", array.as_any(), &DType::ALL)?;
     let layout = out.layout();
     if !layout.is_writeable() {
         return Err(argument_error(format!("{op}: out is read-only")));
     }
-    if !layout.is_c_contiguous() || !out.is_native() {
-        return Err(argument_error(format!("{op}: expected a C-contiguous, native-byte-order out, got strides {:?}", out.array.strides())));
+    if !layout.is_c_contiguous() || !layout.is_aligned() || !out.is_native() {
+        return Err(argument_error(format!(
+            "{op}: expected a C-contiguous, aligned, native-byte-order out, got strides {:?} at address {:#x}",
+            out.array.strides(),
+            layout.data
+        )));
     }
     Ok(out)
 }

@@ -4,10 +4,10 @@
 
 use std::sync::Arc;
 
+use numpy::PyUntypedArrayMethods;
 use opbridge_ops::kernels::{elementwise, matmul as mm};
 use opbridge_ops::{check_matmul, check_vector_add, overlap, Alias, Overlap, ADD_DTYPES};
 use opbridge_runtime::{DType, DeviceContext};
-use numpy::PyUntypedArrayMethods;
 use pyo3::prelude::*;
 
 use crate::errors::to_pyerr;
@@ -60,12 +60,9 @@ pub fn vector_add<'py>(
     let a = HostArray::extract(OP, "a", a, &ADD_DTYPES)?;
     let b = HostArray::extract(OP, "b", b, &ADD_DTYPES)?;
     let out = out.map(|o| check_out(OP, o)).transpose()?;
-    let dtype = check_vector_add(
-        (a.dtype, a.shape()),
-        (b.dtype, b.shape()),
-        out.as_ref().map(|o| (o.dtype, o.shape())),
-    )
-    .map_err(to_pyerr)?;
+    let dtype =
+        check_vector_add((a.dtype, a.shape()), (b.dtype, b.shape()), out.as_ref().map(|o| (o.dtype, o.shape())))
+            .map_err(to_pyerr)?;
     let a = unalias(a.normalized(dtype)?, out.as_ref())?;
     let b = unalias(b.normalized(dtype)?, out.as_ref())?;
     let result = match out {
@@ -121,12 +118,9 @@ pub fn matmul<'py>(
     let a = HostArray::extract(OP, "a", a, &mm::MATMUL_DTYPES)?;
     let b = HostArray::extract(OP, "b", b, &mm::MATMUL_DTYPES)?;
     let out = out.map(|o| check_out(OP, o)).transpose()?;
-    let (m, k, n, dtype) = check_matmul(
-        (a.dtype, a.shape()),
-        (b.dtype, b.shape()),
-        out.as_ref().map(|o| (o.dtype, o.shape())),
-    )
-    .map_err(to_pyerr)?;
+    let (m, k, n, dtype) =
+        check_matmul((a.dtype, a.shape()), (b.dtype, b.shape()), out.as_ref().map(|o| (o.dtype, o.shape())))
+            .map_err(to_pyerr)?;
     let a = strided_operand(a, dtype)?;
     let b = strided_operand(b, dtype)?;
     // gemm must not write over its inputs: with an overlapping out, compute aside first.
@@ -163,11 +157,11 @@ pub fn matmul<'py>(
     }
 }
 
-/// A matmul operand gemm can read in place: native byte order, the right dtype, and strides in
-/// whole elements (anything else is copied once).
+/// A matmul operand gemm can read in place: native byte order, the right dtype, aligned data and
+/// strides in whole elements (anything else is copied once).
 fn strided_operand(x: HostArray<'_>, dtype: DType) -> PyResult<HostArray<'_>> {
     let size = dtype.size() as isize;
-    if x.dtype == dtype && x.is_native() && x.array.strides().iter().all(|s| s % size == 0) {
+    if x.dtype == dtype && x.is_native() && x.layout().is_aligned() && x.array.strides().iter().all(|s| s % size == 0) {
         Ok(x)
     } else {
         x.normalized(dtype)
@@ -184,7 +178,11 @@ fn spans_overlap(x: &HostArray<'_>, out: &HostArray<'_>) -> bool {
                 return (0, 0);
             }
             let reach = (d as isize - 1) * s;
-            if reach < 0 { low += reach } else { high += reach }
+            if reach < 0 {
+                low += reach
+            } else {
+                high += reach
+            }
         }
         (low as usize, (high - low) as usize)
     };

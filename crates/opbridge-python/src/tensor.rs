@@ -90,13 +90,22 @@ impl PyTensor {
     }
 
     fn __len__(&self) -> PyResult<usize> {
-        self.inner.shape().first().copied().ok_or_else(|| pyo3::exceptions::PyTypeError::new_err("len() of a 0-d tensor"))
+        self.inner
+            .shape()
+            .first()
+            .copied()
+            .ok_or_else(|| pyo3::exceptions::PyTypeError::new_err("len() of a 0-d tensor"))
     }
 
     fn __repr__(&self) -> String {
         let shape: Vec<String> = self.inner.shape().iter().map(usize::to_string).collect();
         let comma = if shape.len() == 1 { "," } else { "" };
-        format!("Tensor(shape=({}{comma}), dtype={}, device='{}')", shape.join(", "), self.inner.dtype(), self.inner.device())
+        format!(
+            "Tensor(shape=({}{comma}), dtype={}, device='{}')",
+            shape.join(", "),
+            self.inner.dtype(),
+            self.inner.device()
+        )
     }
 
     /// Waits for the work that produces this tensor.
@@ -117,7 +126,10 @@ impl PyTensor {
         let this = slf.get();
         let inner = Arc::clone(&this.inner);
         if inner.device().kind != opbridge_runtime::DeviceKind::Cpu {
-            return Err(device_error(format!("numpy(): the tensor is on {}; copy it with .to('cpu') first", inner.device())));
+            return Err(device_error(format!(
+                "numpy(): the tensor is on {}; copy it with .to('cpu') first",
+                inner.device()
+            )));
         }
         py.detach(|| inner.wait_ready()).map_err(to_pyerr)?;
         // SAFETY: the tensor's layout was validated against its storage when it was made; the
@@ -136,7 +148,11 @@ impl PyTensor {
     }
 
     #[pyo3(signature = (dtype=None, copy=None))]
-    fn __array__<'py>(slf: &Bound<'py, Self>, dtype: Option<&Bound<'py, PyAny>>, copy: Option<bool>) -> PyResult<Bound<'py, PyAny>> {
+    fn __array__<'py>(
+        slf: &Bound<'py, Self>,
+        dtype: Option<&Bound<'py, PyAny>>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let view = Self::numpy(slf)?.into_any();
         let converted = match dtype {
             Some(dtype) => {
@@ -166,12 +182,16 @@ impl PyTensor {
     ) -> PyResult<Bound<'py, PyAny>> {
         let _ = (stream, max_version); // host memory: no consumer stream to order with
         if copy == Some(true) {
-            return Err(pyo3::exceptions::PyBufferError::new_err("__dlpack__(copy=True) is not supported; use numpy() and copy"));
+            return Err(pyo3::exceptions::PyBufferError::new_err(
+                "__dlpack__(copy=True) is not supported; use numpy() and copy",
+            ));
         }
         let device = self.inner.device();
         if let Some((kind, index)) = dl_device {
             if (kind, index) != (device.kind.dlpack_code(), device.index as i32) {
-                return Err(pyo3::exceptions::PyBufferError::new_err(format!("cannot export a tensor on {device} to DLPack device {kind}:{index}")));
+                return Err(pyo3::exceptions::PyBufferError::new_err(format!(
+                    "cannot export a tensor on {device} to DLPack device {kind}:{index}"
+                )));
             }
         }
         let inner = Arc::clone(&self.inner);
@@ -203,7 +223,9 @@ impl PyTensor {
 pub fn parse_device(device: Option<&str>) -> PyResult<DeviceId> {
     match device {
         None => Ok(DeviceId::CPU),
-        Some(text) => DeviceId::parse(text).ok_or_else(|| device_error(format!("unknown device {text:?}: expected 'cpu', 'cpu:0', 'cuda:N' or 'ascend:N'"))),
+        Some(text) => DeviceId::parse(text).ok_or_else(|| {
+            device_error(format!("unknown device {text:?}: expected 'cpu', 'cpu:0', 'cuda:N' or 'ascend:N'"))
+        }),
     }
 }
 
@@ -211,7 +233,8 @@ fn parse_dtype(py: Python<'_>, dtype: Option<&Bound<'_, PyAny>>) -> PyResult<DTy
     let Some(dtype) = dtype else { return Ok(DType::F32) };
     let descr = host::numpy(py)?.call_method1("dtype", (dtype,))?;
     let descr = descr.cast::<numpy::PyArrayDescr>()?;
-    np_ffi::dtype_of_num(descr.num()).ok_or_else(|| dtype_error(format!("expected a dtype of float16, float32, float64, int32, int64, got {descr}")))
+    np_ffi::dtype_of_num(descr.num())
+        .ok_or_else(|| dtype_error(format!("expected a dtype of float16, float32, float64, int32, int64, got {descr}")))
 }
 
 /// A tensor argument: an `opbridge.Tensor`, or a numpy array wrapped zero-copy (host memory
@@ -221,30 +244,39 @@ pub fn as_tensor<'py>(op: &str, obj: &Bound<'py, PyAny>) -> PyResult<PyRef<'py, 
         return Ok(tensor.borrow());
     }
     let host = HostArray::extract(op, "argument", obj, &DType::ALL)?;
-    let tensor = wrap_host_array(&host)?;
+    let tensor = wrap_host_array(op, &host)?;
     Ok(Bound::new(obj.py(), tensor)?.borrow())
 }
 
 /// Owner that keeps a numpy array alive while a tensor borrows its memory.
 struct HostOwner(#[allow(dead_code)] Py<PyAny>);
 
-fn wrap_host_array(host: &HostArray<'_>) -> PyResult<PyTensor> {
+fn wrap_host_array(op: &str, host: &HostArray<'_>) -> PyResult<PyTensor> {
     let layout = host.layout();
     let size = host.dtype.size() as isize;
     let strides: Vec<isize> = host.array.strides().iter().map(|s| s / size).collect();
-    if host.array.strides().iter().any(|s| s % size != 0 || *s < 0) {
-        return Err(argument_error("negative or unaligned strides: pass a contiguous copy".into()));
+    if host.array.strides().iter().any(|s| s % size != 0 || *s < 0) || !layout.is_aligned() {
+        return Err(argument_error(format!(
+            "{op}: expected a numpy array with non-negative strides and aligned data, got strides {:?}; \
+             pass a contiguous copy",
+            host.array.strides()
+        )));
     }
     let n = host.array.len();
-    let reach: isize = if n == 0 { 0 } else { host.shape().iter().zip(&strides).map(|(&d, &s)| (d as isize - 1) * s).sum::<isize>() + 1 };
+    let reach: isize = if n == 0 {
+        0
+    } else {
+        host.shape().iter().zip(&strides).map(|(&d, &s)| (d as isize - 1) * s).sum::<isize>() + 1
+    };
     let storage = Storage::External {
         ptr: DevicePtr(layout.data),
         len: reach as usize * size as usize,
         device: DeviceId::CPU,
         owner: Box::new(HostOwner(host.array.clone().into_any().unbind())),
     };
-    let tensor = Tensor::from_storage(Arc::new(storage), DeviceId::CPU, host.dtype, host.shape().to_vec(), Some(strides), 0)
-        .map_err(to_pyerr)?;
+    let tensor =
+        Tensor::from_storage(Arc::new(storage), DeviceId::CPU, host.dtype, host.shape().to_vec(), Some(strides), 0)
+            .map_err(to_pyerr)?;
     Ok(PyTensor { inner: Arc::new(tensor), read_only: !layout.is_writeable() })
 }
 
@@ -290,10 +322,17 @@ pub fn asarray<'py>(
     Bound::new(py, PyTensor::new(Arc::new(tensor)))
 }
 
-fn alloc_tensor(py: Python<'_>, shape: &Bound<'_, PyAny>, dtype: Option<&Bound<'_, PyAny>>, device: Option<&str>) -> PyResult<(Tensor, opbridge_runtime::Stream)> {
+fn alloc_tensor(
+    py: Python<'_>,
+    shape: &Bound<'_, PyAny>,
+    dtype: Option<&Bound<'_, PyAny>>,
+    device: Option<&str>,
+) -> PyResult<(Tensor, opbridge_runtime::Stream)> {
     let shape: Vec<usize> = match shape.extract::<usize>() {
         Ok(n) => vec![n],
-        Err(_) => shape.extract().map_err(|_| argument_error(format!("expected a shape (int or tuple of non-negative ints), got {shape}")))?,
+        Err(_) => shape.extract().map_err(|_| {
+            argument_error(format!("expected a shape (int or tuple of non-negative ints), got {shape}"))
+        })?,
     };
     let dtype = parse_dtype(py, dtype)?;
     let ctx = DeviceContext::get(parse_device(device)?).map_err(to_pyerr)?;
@@ -304,7 +343,12 @@ fn alloc_tensor(py: Python<'_>, shape: &Bound<'_, PyAny>, dtype: Option<&Bound<'
 /// A new uninitialized tensor from the device pool. ``dtype`` defaults to float32.
 #[pyfunction]
 #[pyo3(signature = (shape, dtype=None, device=None))]
-pub fn empty<'py>(py: Python<'py>, shape: &Bound<'py, PyAny>, dtype: Option<&Bound<'py, PyAny>>, device: Option<&str>) -> PyResult<Bound<'py, PyTensor>> {
+pub fn empty<'py>(
+    py: Python<'py>,
+    shape: &Bound<'py, PyAny>,
+    dtype: Option<&Bound<'py, PyAny>>,
+    device: Option<&str>,
+) -> PyResult<Bound<'py, PyTensor>> {
     let (tensor, _) = alloc_tensor(py, shape, dtype, device)?;
     Bound::new(py, PyTensor::new(Arc::new(tensor)))
 }
@@ -312,7 +356,12 @@ pub fn empty<'py>(py: Python<'py>, shape: &Bound<'py, PyAny>, dtype: Option<&Bou
 /// A new zero-filled tensor from the device pool (the fill is enqueued on the current stream).
 #[pyfunction]
 #[pyo3(signature = (shape, dtype=None, device=None))]
-pub fn zeros<'py>(py: Python<'py>, shape: &Bound<'py, PyAny>, dtype: Option<&Bound<'py, PyAny>>, device: Option<&str>) -> PyResult<Bound<'py, PyTensor>> {
+pub fn zeros<'py>(
+    py: Python<'py>,
+    shape: &Bound<'py, PyAny>,
+    dtype: Option<&Bound<'py, PyAny>>,
+    device: Option<&str>,
+) -> PyResult<Bound<'py, PyTensor>> {
     let (tensor, stream) = alloc_tensor(py, shape, dtype, device)?;
     let (ptr, bytes) = (tensor.data_ptr().0, tensor.nbytes());
     let no_reads: [&Tensor; 0] = [];
@@ -344,7 +393,10 @@ pub fn from_dlpack<'py>(py: Python<'py>, obj: &Bound<'py, PyAny>) -> PyResult<Bo
         return Ok(tensor.clone());
     }
     if !obj.hasattr("__dlpack__")? {
-        return Err(pyo3::exceptions::PyTypeError::new_err(format!("from_dlpack: {} does not implement __dlpack__", obj.get_type().name()?)));
+        return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+            "from_dlpack: {} does not implement __dlpack__",
+            obj.get_type().name()?
+        )));
     }
     let kwargs = PyDict::new(py);
     kwargs.set_item("max_version", (1, 0))?;

@@ -94,7 +94,13 @@ struct Slot {
 impl Slot {
     /// Staging blocks belong to the host and are marked used by the three streams, so the pool
     /// hands them out again only once those streams are past this call's work.
-    fn new(ctx: &DeviceContext, elem_in: &[usize], elem_out: usize, chunk: usize, streams: [&Stream; 3]) -> Result<Slot> {
+    fn new(
+        ctx: &DeviceContext,
+        elem_in: &[usize],
+        elem_out: usize,
+        chunk: usize,
+        streams: [&Stream; 3],
+    ) -> Result<Slot> {
         let host = StreamId::HOST;
         let mut pinned_in = Vec::new();
         let mut device_in = Vec::new();

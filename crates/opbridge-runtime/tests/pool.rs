@@ -268,9 +268,10 @@ fn block_used_on_another_stream_is_held_until_that_stream_is_done() {
     let stats = pool.stats();
     assert_eq!(stats.pending_free_blocks, 0, "B is done: the block is free");
     assert_eq!(stats.allocated_blocks, 1);
-    drop(other);
+    // `other` stays live, so the only 4 KiB-sized candidate is the block B released.
     let reused = pool.allocate(4 * KIB, a.id()).unwrap();
     assert_eq!(reused.ptr(), ptr, "now the block is handed out again on A");
+    drop(other);
 }
 
 #[test]
@@ -323,8 +324,8 @@ fn use_on_several_streams_waits_for_all_of_them() {
     releases[1].send(()).unwrap();
     c.synchronize().unwrap();
     assert_eq!(pool.stats().pending_free_blocks, 0);
-    drop(held);
     assert_eq!(pool.allocate(4 * KIB, StreamId::HOST).unwrap().ptr(), ptr);
+    drop(held);
 }
 
 #[test]

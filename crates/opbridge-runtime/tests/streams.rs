@@ -566,9 +566,10 @@ fn tensor_launch_makes_the_pool_wait_for_other_streams() {
     release.send(()).unwrap();
     b.synchronize().unwrap();
     assert_eq!(ctx.pool().stats().pending_free_blocks, 0);
-    drop(other);
+    // `other` stays live, so the only candidate of this size is the block B released.
     let again = Tensor::empty(ctx, &[1000], DType::F32, a.id()).unwrap();
     assert_eq!(again.data_ptr(), ptr, "reused once B is done");
+    drop(other);
 }
 
 /// The chunk kernel of an f32 elementwise add.

@@ -44,8 +44,7 @@ fn add_disjoint<T: Element>(a: &[T], b: &[T], out: &mut [T], parallel: bool) {
 fn add_in_place<T: Element>(inout: &mut [T], b: &[T], parallel: bool) {
     if parallel {
         let chunk = parallel_chunk(inout.len());
-        inout.par_chunks_mut(chunk).zip(b.par_chunks(chunk))
-            .for_each(|(o, b)| add_in_place(o, b, false));
+        inout.par_chunks_mut(chunk).zip(b.par_chunks(chunk)).for_each(|(o, b)| add_in_place(o, b, false));
     } else {
         for (o, &y) in inout.iter_mut().zip(b) {
             *o = T::add(*o, y);

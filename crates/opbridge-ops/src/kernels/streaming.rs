@@ -111,7 +111,9 @@ mod tests {
             let b: Vec<T> = (0..n).map(|i| make(i * 7 + 1)).collect();
             let mut out: Vec<T> = vec![make(0); n + skew];
             // SAFETY: vectors of `n` elements (`out` has `skew` more), disjoint.
-            let done = unsafe { add_streaming(dtype, a.as_ptr().cast(), b.as_ptr().cast(), out[skew..].as_mut_ptr().cast(), n) };
+            let done = unsafe {
+                add_streaming(dtype, a.as_ptr().cast(), b.as_ptr().cast(), out[skew..].as_mut_ptr().cast(), n)
+            };
             if !done {
                 return;
             }

@@ -229,6 +229,12 @@ pub fn import(capsule: &Bound<'_, PyAny>) -> PyResult<(Tensor, bool)> {
         if strides.as_ref().is_some_and(|s| s.iter().any(|&st| st < 0)) {
             return Err(PyBufferError::new_err("from_dlpack: negative strides are not supported"));
         }
+        // Kernels read typed elements: the first one must be aligned to its size.
+        if !(dl.data as usize + dl.byte_offset as usize).is_multiple_of(dtype.size()) {
+            return Err(PyBufferError::new_err(
+                "from_dlpack: data not aligned to the element size; pass an aligned copy",
+            ));
+        }
         let len = dl.byte_offset as usize + reach as usize * dtype.size();
         let storage = Storage::External {
             ptr: DevicePtr(dl.data as usize),
@@ -236,8 +242,9 @@ pub fn import(capsule: &Bound<'_, PyAny>) -> PyResult<(Tensor, bool)> {
             device: DeviceId { kind: DeviceKind::Cpu, index: 0 },
             owner: Box::new(owner),
         };
-        let tensor = Tensor::from_storage(Arc::new(storage), DeviceId::CPU, dtype, shape, strides, dl.byte_offset as usize)
-            .map_err(crate::errors::to_pyerr)?;
+        let tensor =
+            Tensor::from_storage(Arc::new(storage), DeviceId::CPU, dtype, shape, strides, dl.byte_offset as usize)
+                .map_err(crate::errors::to_pyerr)?;
         Ok((tensor, read_only))
     }
 }

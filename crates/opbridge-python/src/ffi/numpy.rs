@@ -4,7 +4,7 @@
 
 use std::os::raw::c_int;
 
-use numpy::npyffi::{self, npy_intp, NPY_ARRAY_C_CONTIGUOUS, NPY_ARRAY_WRITEABLE, PY_ARRAY_API};
+use numpy::npyffi::{self, npy_intp, NPY_ARRAY_ALIGNED, NPY_ARRAY_C_CONTIGUOUS, NPY_ARRAY_WRITEABLE, PY_ARRAY_API};
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use opbridge_runtime::DType;
 use pyo3::prelude::*;
@@ -38,7 +38,12 @@ pub fn layout(array: &Bound<'_, PyUntypedArray>) -> Layout {
     unsafe {
         let fields = &*npyffi::_PyArray_GET_ITEM_DATA(raw.cast_const());
         let descr = &*npyffi::_PyDataType_GET_ITEM_DATA(fields.descr);
-        Layout { data: fields.data as usize, flags: fields.flags, type_num: descr.type_num, byteorder: descr.byteorder as u8 }
+        Layout {
+            data: fields.data as usize,
+            flags: fields.flags,
+            type_num: descr.type_num,
+            byteorder: descr.byteorder as u8,
+        }
     }
 }
 
@@ -65,6 +70,12 @@ impl Layout {
 
     pub fn is_writeable(&self) -> bool {
         self.flags & NPY_ARRAY_WRITEABLE != 0
+    }
+
+    /// Data and strides aligned to the element size (what kernels reading typed slices need;
+    /// numpy arrays over a byte buffer at an odd offset are not).
+    pub fn is_aligned(&self) -> bool {
+        self.flags & NPY_ARRAY_ALIGNED != 0
     }
 
     /// Native byte order ('=' or '|'; or the explicit character of this machine's order).

@@ -56,7 +56,10 @@ impl CpuStream {
                     worker_progress.done.notify_all();
                 }
             })
-            .map_err(|e| Error::Device { device: "cpu:0".into(), message: format!("cannot start stream worker: {e}") })?;
+            .map_err(|e| Error::Device {
+                device: "cpu:0".into(),
+                message: format!("cannot start stream worker: {e}"),
+            })?;
         Ok(CpuStream { name, jobs, progress })
     }
 
@@ -103,14 +106,12 @@ impl StreamBackend for CpuStream {
 
     fn wait(&self, event: &Arc<dyn EventBackend>) -> Result<()> {
         let event = Arc::clone(event);
-        let target = event
-            .as_any()
-            .downcast_ref::<CpuEvent>()
-            .map(CpuEvent::recorded_generation)
-            .ok_or_else(|| Error::Device {
+        let target = event.as_any().downcast_ref::<CpuEvent>().map(CpuEvent::recorded_generation).ok_or_else(|| {
+            Error::Device {
                 device: "cpu:0".into(),
                 message: "cannot wait on an event of another device on a CPU stream".into(),
-            })?;
+            }
+        })?;
         self.enqueue(Box::new(move || {
             if let Some(cpu) = event.as_any().downcast_ref::<CpuEvent>() {
                 cpu.wait_for(target);

@@ -26,6 +26,8 @@ const SMALL_SEGMENT: usize = 2 << 20;
 const LARGE_SEGMENT: usize = 20 << 20;
 const SHARED_LARGE_LIMIT: usize = 10 << 20;
 const LARGE_ROUND: usize = 2 << 20;
+/// Bound on `State::unmerged`: enough for a working set of shapes, small enough to scan.
+const MAX_UNMERGED: usize = 16;
 
 /// Where a pool gets its memory from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,6 +106,11 @@ struct State {
     stats: PoolStats,
     /// An error met where it could not be returned (in `Drop`); surfaced by the next allocation.
     deferred: Option<Error>,
+    /// Recently freed blocks `(stream, size, addr)`, free but not yet merged with their
+    /// neighbours: a request of the same size and stream takes one back without the split and
+    /// coalesce churn (the common case of a loop allocating the same shapes). Merged into the
+    /// free set on any other request, when full, and before releasing or reporting.
+    unmerged: Vec<(StreamId, usize, usize)>,
 }
 
 /// A caching pool over one device's memory. Shared (`Arc`) by every buffer it hands out.
@@ -167,6 +174,11 @@ impl MemoryPool {
                 return Err(self.oom_error(&state, bytes, false));
             }
             Self::process_pending(&mut state);
+            if let Some(addr) = Self::take_unmerged(&mut state, size, stream) {
+                state.stats.num_cache_hits += 1;
+                return Ok(self.hand_out(&mut state, addr, bytes, stream));
+            }
+            Self::merge_unmerged(&mut state);
             if let Some(addr) = Self::take_free(&mut state, size, stream) {
                 state.stats.num_cache_hits += 1;
                 return Ok(self.hand_out(&mut state, addr, bytes, stream));
@@ -315,11 +327,39 @@ impl MemoryPool {
         }
     }
 
-    /// Marks a block free and merges it with free neighbours of the same segment.
+    /// Marks a block free; it waits in `unmerged` for a request of its size.
     fn free_block(state: &mut State, addr: usize) {
-        let Some(info) = state.blocks.get(&addr).copied().filter(|b| b.allocated) else { return };
+        let Some(info) = state.blocks.get_mut(&addr).filter(|b| b.allocated) else { return };
+        info.allocated = false;
+        let (size, stream) = (info.size, info.stream);
         state.stats.allocated_blocks -= 1;
-        state.stats.allocated_bytes_current -= info.size;
+        state.stats.allocated_bytes_current -= size;
+        state.stats.free_blocks += 1;
+        if state.unmerged.len() == MAX_UNMERGED {
+            Self::merge_unmerged(state);
+        }
+        state.unmerged.push((stream, size, addr));
+    }
+
+    /// The most recently freed unmerged block of exactly this size and stream.
+    fn take_unmerged(state: &mut State, size: usize, stream: StreamId) -> Option<usize> {
+        let index = state.unmerged.iter().rposition(|&(s, z, _)| s == stream && z == size)?;
+        let (_, _, addr) = state.unmerged.swap_remove(index);
+        state.stats.free_blocks -= 1;
+        Some(addr)
+    }
+
+    /// Moves every unmerged block into the free set, coalescing with its neighbours.
+    fn merge_unmerged(state: &mut State) {
+        while let Some((_, _, addr)) = state.unmerged.pop() {
+            Self::merge_free(state, addr);
+        }
+    }
+
+    /// Merges a free block (counted in `free_blocks`, not yet in the free set) with free
+    /// neighbours of the same segment and files the result in the free set.
+    fn merge_free(state: &mut State, addr: usize) {
+        let Some(info) = state.blocks.get(&addr).copied() else { return };
         let (mut start, mut size) = (addr, info.size);
         let mergeable = |n: &BlockInfo| !n.allocated && n.segment == info.segment;
         if let Some((&prev_addr, &prev)) = state.blocks.range(..addr).next_back() {
@@ -341,17 +381,15 @@ impl MemoryPool {
         let merged = BlockInfo { size, allocated: false, ..info };
         state.blocks.insert(start, merged);
         state.free.insert(key_of(start, &merged));
-        state.stats.free_blocks += 1;
     }
 
     /// Returns every fully free segment to the device. Callers synchronize first.
     fn release_cached(&self, state: &mut State) {
+        Self::merge_unmerged(state);
         let whole: Vec<(usize, usize)> = state
             .segments
             .iter()
-            .filter(|(addr, seg)| {
-                state.blocks.get(addr).is_some_and(|b| !b.allocated && b.size == seg.size)
-            })
+            .filter(|(addr, seg)| state.blocks.get(addr).is_some_and(|b| !b.allocated && b.size == seg.size))
             .map(|(&addr, seg)| (addr, seg.size))
             .collect();
         for (addr, size) in whole {
@@ -402,6 +440,7 @@ impl MemoryPool {
     pub fn stats(&self) -> PoolStats {
         let mut state = self.lock();
         Self::process_pending(&mut state);
+        Self::merge_unmerged(&mut state);
         let largest = state.stats.largest_recent_request;
         let fragmented = state.free.iter().filter(|k| k.size < largest).map(|k| k.size).sum();
         PoolStats { fragmented_bytes: fragmented, ..state.stats.clone() }
@@ -498,7 +537,8 @@ impl ChildPool {
     }
 
     pub fn allocate_many(&self, sizes: &[usize], stream: StreamId) -> Result<Vec<SubBuffer>> {
-        let (total, offsets) = carve(sizes).ok_or_else(|| self.parent.oom_error(&self.parent.lock(), usize::MAX, true))?;
+        let (total, offsets) =
+            carve(sizes).ok_or_else(|| self.parent.oom_error(&self.parent.lock(), usize::MAX, true))?;
         let block = Arc::new(self.allocate(total, stream)?);
         Ok(offsets
             .into_iter()
