@@ -39,9 +39,9 @@ impl<'py> HostArray<'py> {
     /// Accepts an ndarray, or anything numpy can turn into one (buffer protocol, DLPack,
     /// sequences). Unsupported dtypes raise `DTypeError` naming the supported ones.
     pub fn extract(op: &str, name: &str, obj: &Bound<'py, PyAny>, supported: &[DType]) -> PyResult<HostArray<'py>> {
-        let array = match obj.cast::<PyUntypedArray>() {
-            Ok(array) => array.clone(),
-            Err(_) => {
+        let array = match np_ffi::as_ndarray(obj) {
+            Some(array) => array.clone(),
+            None => {
                 let np = numpy(obj.py())?;
                 let converted = if obj.hasattr("__dlpack__")? {
                     np.call_method1("from_dlpack", (obj,))
@@ -114,7 +114,7 @@ impl<'py> HostArray<'py> {
 /// Validates an `out=` array: an ndarray, writeable, C-contiguous, native byte order.
 /// Shape and dtype are the op's schema checks.
 pub fn check_out<'py>(op: &str, out: &Bound<'py, PyAny>) -> PyResult<HostArray<'py>> {
-    let Ok(array) = out.cast::<PyUntypedArray>() else {
+    let Some(array) = np_ffi::as_ndarray(out) else {
         return Err(argument_error(format!(
             "{op}: expected out to be a numpy.ndarray, got {}",
             out.get_type().name()?

@@ -28,37 +28,79 @@ pub enum Alias {
     OutIsBoth,
 }
 
+/// Defines `$name` over an `#[inline(always)]` loop body compiled twice, for the x86_64
+/// baseline (SSE2) and for AVX2, and picks one at run time: wide vectors without building for
+/// `-C target-cpu=native`.
+macro_rules! multiversion {
+    (fn $name:ident<T>($($arg:ident: $ty:ty),*) $body:block) => {
+        fn $name<T: Element>($($arg: $ty),*) {
+            #[inline(always)]
+            fn body<T: Element>($($arg: $ty),*) $body
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx2")]
+                fn avx2<T: Element>($($arg: $ty),*) {
+                    body($($arg),*)
+                }
+                if std::arch::is_x86_feature_detected!("avx2") {
+                    // SAFETY: the CPU supports AVX2 (checked just above).
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            body($($arg),*)
+        }
+    };
+}
+
+multiversion!(
+    fn add_disjoint_serial<T>(a: &[T], b: &[T], out: &mut [T]) {
+        for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
+            *o = T::add(x, y);
+        }
+    }
+);
+
+multiversion!(
+    fn add_in_place_serial<T>(inout: &mut [T], b: &[T]) {
+        for (o, &y) in inout.iter_mut().zip(b) {
+            *o = T::add(*o, y);
+        }
+    }
+);
+
+multiversion!(
+    fn double_in_place_serial<T>(inout: &mut [T]) {
+        for o in inout.iter_mut() {
+            *o = T::add(*o, *o);
+        }
+    }
+);
+
 fn add_disjoint<T: Element>(a: &[T], b: &[T], out: &mut [T], parallel: bool) {
     if parallel {
         let chunk = parallel_chunk(out.len());
         out.par_chunks_mut(chunk)
             .zip(a.par_chunks(chunk).zip(b.par_chunks(chunk)))
-            .for_each(|(o, (a, b))| add_disjoint(a, b, o, false));
+            .for_each(|(o, (a, b))| add_disjoint_serial(a, b, o));
     } else {
-        for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
-            *o = T::add(x, y);
-        }
+        add_disjoint_serial(a, b, out);
     }
 }
 
 fn add_in_place<T: Element>(inout: &mut [T], b: &[T], parallel: bool) {
     if parallel {
         let chunk = parallel_chunk(inout.len());
-        inout.par_chunks_mut(chunk).zip(b.par_chunks(chunk)).for_each(|(o, b)| add_in_place(o, b, false));
+        inout.par_chunks_mut(chunk).zip(b.par_chunks(chunk)).for_each(|(o, b)| add_in_place_serial(o, b));
     } else {
-        for (o, &y) in inout.iter_mut().zip(b) {
-            *o = T::add(*o, y);
-        }
+        add_in_place_serial(inout, b);
     }
 }
 
 fn double_in_place<T: Element>(inout: &mut [T], parallel: bool) {
     if parallel {
-        inout.par_chunks_mut(parallel_chunk(inout.len())).for_each(|o| double_in_place(o, false));
+        inout.par_chunks_mut(parallel_chunk(inout.len())).for_each(double_in_place_serial);
     } else {
-        for o in inout.iter_mut() {
-            *o = T::add(*o, *o);
-        }
+        double_in_place_serial(inout);
     }
 }
 

@@ -8,16 +8,49 @@ use numpy::npyffi::{self, npy_intp, NPY_ARRAY_ALIGNED, NPY_ARRAY_C_CONTIGUOUS, N
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use opbridge_runtime::DType;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use smallvec::SmallVec;
 
-/// numpy's dtype descriptor for a runtime dtype.
+/// numpy's dtype descriptor for a runtime dtype (made once per process, then shared).
 pub fn descr(py: Python<'_>, dtype: DType) -> Bound<'_, PyArrayDescr> {
-    match dtype {
-        DType::F16 => numpy::dtype::<half::f16>(py),
-        DType::F32 => numpy::dtype::<f32>(py),
-        DType::F64 => numpy::dtype::<f64>(py),
-        DType::I32 => numpy::dtype::<i32>(py),
-        DType::I64 => numpy::dtype::<i64>(py),
-    }
+    static DESCRS: PyOnceLock<[Py<PyArrayDescr>; 5]> = PyOnceLock::new();
+    let all = DESCRS.get_or_init(py, || {
+        DType::ALL.map(|d| {
+            match d {
+                DType::F16 => numpy::dtype::<half::f16>(py),
+                DType::F32 => numpy::dtype::<f32>(py),
+                DType::F64 => numpy::dtype::<f64>(py),
+                DType::I32 => numpy::dtype::<i32>(py),
+                DType::I64 => numpy::dtype::<i64>(py),
+            }
+            .unbind()
+        })
+    });
+    let index = DType::ALL.iter().position(|&d| d == dtype).expect("every dtype is in ALL");
+    all[index].bind(py).clone()
+}
+
+/// `obj` as an ndarray (or a subclass), with numpy's type object looked up once per process
+/// (rust-numpy's check goes through the API capsule on every call).
+pub fn as_ndarray<'a, 'py>(obj: &'a Bound<'py, PyAny>) -> Option<&'a Bound<'py, PyUntypedArray>> {
+    static NDARRAY: PyOnceLock<Py<pyo3::types::PyType>> = PyOnceLock::new();
+    let py = obj.py();
+    let ndarray = NDARRAY.get_or_init(py, || {
+        // SAFETY: numpy's API returns its (immortal) ndarray type object; we keep a reference.
+        unsafe {
+            Bound::from_borrowed_ptr(py, npyffi::get_type_object(py, npyffi::NpyTypes::PyArray_Type).cast())
+                .cast_into_unchecked::<pyo3::types::PyType>()
+                .unbind()
+        }
+    });
+    let ndarray = ndarray.as_ptr().cast::<pyo3::ffi::PyTypeObject>();
+    // SAFETY: reading the type of a live object and comparing type objects.
+    let is_array = unsafe {
+        let ty = pyo3::ffi::Py_TYPE(obj.as_ptr());
+        ty == ndarray || pyo3::ffi::PyType_IsSubtype(ty, ndarray) != 0
+    };
+    // SAFETY: just checked to be an ndarray instance.
+    is_array.then(|| unsafe { obj.cast_unchecked::<PyUntypedArray>() })
 }
 
 /// A numpy array's layout, read once per call.
@@ -118,8 +151,11 @@ fn new_array<'py>(
     flags: c_int,
     owner: Option<Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyUntypedArray>> {
-    let mut dims: Vec<npy_intp> = shape.iter().map(|&d| d as npy_intp).collect();
-    let mut strides: Option<Vec<npy_intp>> = strides_bytes.map(|s| s.to_vec());
+    // On the stack for the usual ranks: this runs on every call that makes an output (numpy
+    // copies both lists, so they only need to outlive the call).
+    let mut dims: SmallVec<[npy_intp; 8]> = shape.iter().map(|&d| d as npy_intp).collect();
+    let mut strides: Option<SmallVec<[npy_intp; 8]>> =
+        strides_bytes.map(|s| s.iter().map(|&v| v as npy_intp).collect());
     let strides_ptr = strides.as_mut().map_or(std::ptr::null_mut(), |s| s.as_mut_ptr());
     // SAFETY: numpy's documented constructor. `descr` is a new reference that the call steals;
     // `dims`/`strides` outlive the call (numpy copies them); `data` is either null (numpy
@@ -130,7 +166,7 @@ fn new_array<'py>(
             py,
             array_type,
             descr(py, dtype).into_dtype_ptr(),
-            dims.len() as c_int,
+            shape.len() as c_int,
             dims.as_mut_ptr(),
             strides_ptr,
             data,
