@@ -237,8 +237,8 @@ def peer_cffi() -> VectorAdd:
     kernel = [KERNEL_DIR / "vadd.c", KERNEL_DIR / "vadd.h"]
     out_dir = build_dir("cffi")
     product = out_dir / f"{peer.MODULE_NAME}{EXT_SUFFIX}"
+    ensure_module("cffi")  # the built module needs cffi's backend at import time too
     if is_stale(product, [Path(peer.__file__), *kernel]):
-        ensure_module("cffi")
         ensure_module("setuptools")  # cffi compiles through setuptools/distutils
         log(f"cffi: compiling {peer.MODULE_NAME} into {out_dir}")
         try:
