@@ -309,12 +309,10 @@ pub fn asarray<'py>(
     let stream = ctx.current_stream().map_err(to_pyerr)?;
     let tensor = Tensor::empty(ctx, host.shape(), dtype, stream.id()).map_err(to_pyerr)?;
     let (src, dst, bytes) = (DevicePtr(host.layout().data), tensor.data_ptr(), tensor.nbytes());
-    // An ordered host-to-device copy, waited for before returning: the numpy buffer is free to
-    // change as soon as asarray returns (cudaMemcpy semantics).
+    // A host-to-device copy on the current stream (after any earlier work that used this pool
+    // block), waited for before returning: the numpy buffer is free to change as soon as
+    // asarray returns (cudaMemcpy semantics). The tensor is new, so no other stream knows it.
     py.detach(|| -> opbridge_runtime::Result<()> {
-        let tensor_ref: &Tensor = &tensor;
-        let no_reads: [&Tensor; 0] = [];
-        Tensor::launch(&stream, &no_reads, &[tensor_ref], Box::new(|| Ok(())))?;
         stream.copy(dst, src, bytes, CopyKind::HostToDevice)?;
         stream.record_new_event()?.synchronize()
     })
