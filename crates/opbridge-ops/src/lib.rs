@@ -5,10 +5,12 @@
 pub mod error;
 pub mod kernels;
 mod tensor_ops;
+pub mod view;
 
 pub use error::{OpError, Result};
 pub use kernels::elementwise::{Alias, PARALLEL_MIN_ELEMS};
 pub use tensor_ops::{contiguous, matmul, vector_add};
+pub use view::TensorView;
 
 use opbridge_runtime::DType;
 

@@ -1,0 +1,59 @@
+//! What every CPU kernel sees, built-in or plugin: a DLPack-style view of host memory (address,
+//! dtype, shape, strides in elements). Views carry no lifetime: whoever builds one guarantees the
+//! memory outlives the kernel call (the numpy path holds the arrays, streams hold pool blocks).
+
+use opbridge_runtime::{DType, Tensor};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorView {
+    /// Address of element 0 (inside a host allocation).
+    pub data: usize,
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    /// Strides in elements; may be 0 (broadcast) or negative (reversed views).
+    pub strides: Vec<isize>,
+}
+
+impl TensorView {
+    /// A C-contiguous view.
+    pub fn contiguous(data: usize, dtype: DType, shape: &[usize]) -> TensorView {
+        TensorView { data, dtype, shape: shape.to_vec(), strides: opbridge_runtime::tensor::contiguous_strides(shape) }
+    }
+
+    /// The view of a tensor's memory (host-accessible devices only).
+    pub fn of_tensor(t: &Tensor) -> TensorView {
+        TensorView { data: t.data_ptr().0, dtype: t.dtype(), shape: t.shape().to_vec(), strides: t.strides().to_vec() }
+    }
+
+    pub fn ndim(&self) -> usize {
+        self.shape.len()
+    }
+
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    pub fn is_contiguous(&self) -> bool {
+        let expected = opbridge_runtime::tensor::contiguous_strides(&self.shape);
+        self.shape.iter().zip(self.strides.iter().zip(&expected)).all(|(&d, (&s, &e))| d <= 1 || s == e)
+    }
+
+    /// The byte range `[start, start + len)` the view's elements span (for aliasing checks).
+    pub fn byte_span(&self) -> (usize, usize) {
+        if self.numel() == 0 {
+            return (self.data, 0);
+        }
+        let size = self.dtype.size() as isize;
+        let (mut low, mut high) = (0isize, 0isize);
+        for (&d, &s) in self.shape.iter().zip(&self.strides) {
+            let reach = (d as isize - 1) * s;
+            if reach < 0 {
+                low += reach;
+            } else {
+                high += reach;
+            }
+        }
+        let start = self.data as isize + low * size;
+        (start as usize, ((high - low + 1) * size) as usize)
+    }
+}
