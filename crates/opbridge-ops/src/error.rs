@@ -16,6 +16,23 @@ pub enum OpError {
     /// An `out=` that is invalid for the call (read-only, partially overlapping an input...).
     #[error("{op}: {message}")]
     Argument { op: &'static str, message: String },
+    /// No operator of this name; lists the registered names.
+    #[error("unknown operator {name:?}; available: {available}")]
+    UnknownOperator { name: String, available: String },
+    /// The operator exists but not at this version.
+    #[error("operator {name:?} has no version {version}; available versions: {available}")]
+    UnknownVersion { name: String, version: u32, available: String },
+    #[error("operator {name:?} version {version} is already registered (from {existing})")]
+    DuplicateOperator { name: String, version: u32, existing: String },
+    #[error("invalid operator {name:?}: {message}")]
+    InvalidOperator { name: String, message: String },
+    #[error("{op}: unexpected argument {name:?}; it takes: {known}")]
+    UnknownAttribute { op: String, name: String, known: String },
+    #[error("{op}: missing required argument {name:?}")]
+    MissingAttribute { op: String, name: String },
+    /// A kernel refused its input (an index out of range, a negative integer power...).
+    #[error("{op}: {message}")]
+    Kernel { op: String, message: String },
     #[error(transparent)]
     Runtime(#[from] opbridge_runtime::Error),
 }

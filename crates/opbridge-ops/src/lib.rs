@@ -2,14 +2,19 @@
 //! built-in CPU kernels. Works on runtime tensors (async, on a stream) and on raw host memory
 //! (the synchronous numpy path, driven by the bindings).
 
+mod builtins;
 pub mod error;
 pub mod kernels;
+pub mod registry;
+pub mod schema;
 mod tensor_ops;
 pub mod view;
 
 pub use error::{OpError, Result};
 pub use kernels::elementwise::{Alias, PARALLEL_MIN_ELEMS};
 pub use tensor_ops::{contiguous, matmul, vector_add};
+pub use registry::{Entry, OpBuilder, Operator, Registry, Source};
+pub use schema::{AttrValue, Attrs, Meta, Schema};
 pub use view::TensorView;
 
 use opbridge_runtime::DType;

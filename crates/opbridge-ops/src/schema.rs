@@ -1,0 +1,180 @@
+//! Operator schemas: what an operator takes (inputs, attributes with defaults), what it gives,
+//! and which dtypes it accepts. The registry, the Python binding and the plugin ABI all read
+//! the same description.
+
+use std::fmt;
+
+use opbridge_runtime::DType;
+
+use crate::error::{OpError, Result};
+
+/// A value of an attribute (a non-tensor argument).
+#[derive(Debug, Clone, PartialEq)]
+pub enum AttrValue {
+    None,
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Str(String),
+    Ints(Vec<i64>),
+}
+
+impl fmt::Display for AttrValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AttrValue::None => f.write_str("None"),
+            AttrValue::Bool(b) => f.write_str(if *b { "True" } else { "False" }),
+            AttrValue::Int(i) => write!(f, "{i}"),
+            AttrValue::Float(x) => write!(f, "{x:?}"),
+            AttrValue::Str(s) => write!(f, "{s:?}"),
+            AttrValue::Ints(v) => write!(f, "{v:?}"),
+        }
+    }
+}
+
+/// An attribute: name, default (`None` = required) and a line of documentation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttrSpec {
+    pub name: String,
+    pub default: Option<AttrValue>,
+    pub doc: String,
+}
+
+/// A tensor input; optional ones may be passed as `None` (e.g. layer_norm's weight).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InputSpec {
+    pub name: String,
+    pub optional: bool,
+}
+
+/// The full description of one version of an operator.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Schema {
+    pub name: String,
+    pub version: u32,
+    pub doc: String,
+    pub inputs: Vec<InputSpec>,
+    pub outputs: Vec<String>,
+    pub attrs: Vec<AttrSpec>,
+    /// dtypes the inputs may have.
+    pub dtypes: Vec<DType>,
+}
+
+impl Schema {
+    /// `name(a, b, /, *, axis=-1, out=None)`: the Python signature.
+    pub fn signature(&self) -> String {
+        let mut parts: Vec<String> = self
+            .inputs
+            .iter()
+            .map(|i| if i.optional { format!("{}=None", i.name) } else { i.name.clone() })
+            .collect();
+        parts.push("*".into());
+        for attr in &self.attrs {
+            parts.push(match &attr.default {
+                Some(default) => format!("{}={default}", attr.name),
+                None => attr.name.clone(),
+            });
+        }
+        parts.push("out=None".into());
+        format!("{}({})", self.name, parts.join(", "))
+    }
+
+    /// Completes `given` (name, value) pairs with defaults; unknown or missing names are errors
+    /// that list what the operator takes.
+    pub fn bind_attrs(&self, given: Vec<(String, AttrValue)>) -> Result<Attrs> {
+        let op = self.name.clone();
+        let known: Vec<&str> = self.attrs.iter().map(|a| a.name.as_str()).collect();
+        for (name, _) in &given {
+            if !known.contains(&name.as_str()) {
+                return Err(OpError::UnknownAttribute { op, name: name.clone(), known: known.join(", ") });
+            }
+        }
+        let mut values = Vec::with_capacity(self.attrs.len());
+        for spec in &self.attrs {
+            let value = match given.iter().find(|(n, _)| n == &spec.name) {
+                Some((_, v)) => v.clone(),
+                None => spec.default.clone().ok_or_else(|| OpError::MissingAttribute {
+                    op: self.name.clone(),
+                    name: spec.name.clone(),
+                })?,
+            };
+            values.push((spec.name.clone(), value));
+        }
+        Ok(Attrs { op: self.name.clone(), values })
+    }
+}
+
+/// An operator call's attribute values, complete (defaults filled in) and in schema order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Attrs {
+    op: String,
+    values: Vec<(String, AttrValue)>,
+}
+
+impl Attrs {
+    pub fn values(&self) -> &[(String, AttrValue)] {
+        &self.values
+    }
+
+    pub fn get(&self, name: &str) -> Option<&AttrValue> {
+        self.values.iter().find(|(n, _)| n == name).map(|(_, v)| v)
+    }
+
+    fn wrong(&self, name: &str, expected: &str) -> OpError {
+        OpError::Argument {
+            op: "attribute",
+            message: format!("{}: expected {name} to be {expected}, got {:?}", self.op, self.get(name)),
+        }
+    }
+
+    pub fn int(&self, name: &str) -> Result<i64> {
+        match self.get(name) {
+            Some(AttrValue::Int(i)) => Ok(*i),
+            Some(AttrValue::Bool(b)) => Ok(*b as i64),
+            _ => Err(self.wrong(name, "an int")),
+        }
+    }
+
+    /// An int that may be `None` (e.g. `axis=None` for "all axes").
+    pub fn opt_int(&self, name: &str) -> Result<Option<i64>> {
+        match self.get(name) {
+            Some(AttrValue::None) => Ok(None),
+            _ => self.int(name).map(Some),
+        }
+    }
+
+    pub fn float(&self, name: &str) -> Result<f64> {
+        match self.get(name) {
+            Some(AttrValue::Float(x)) => Ok(*x),
+            Some(AttrValue::Int(i)) => Ok(*i as f64),
+            _ => Err(self.wrong(name, "a float")),
+        }
+    }
+
+    pub fn bool(&self, name: &str) -> Result<bool> {
+        match self.get(name) {
+            Some(AttrValue::Bool(b)) => Ok(*b),
+            _ => Err(self.wrong(name, "a bool")),
+        }
+    }
+
+    pub fn str(&self, name: &str) -> Result<&str> {
+        match self.get(name) {
+            Some(AttrValue::Str(s)) => Ok(s),
+            _ => Err(self.wrong(name, "a string")),
+        }
+    }
+}
+
+/// dtype and shape of a tensor, without its data: what shape functions work on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Meta {
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+}
+
+impl Meta {
+    pub fn new(dtype: DType, shape: &[usize]) -> Meta {
+        Meta { dtype, shape: shape.to_vec() }
+    }
+}
