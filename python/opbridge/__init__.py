@@ -12,7 +12,7 @@ Example:
 
 from __future__ import annotations
 
-from . import _native
+from . import _native, ops
 from ._native import (
     ArgumentError,
     DeviceError,
@@ -36,6 +36,7 @@ from ._native import (
     vector_add,
     zeros,
 )
+from .ops import list_ops
 
 __all__ = [
     "ArgumentError",
@@ -53,6 +54,8 @@ __all__ = [
     "empty_cache",
     "from_dlpack",
     "get_memory_pool_stats",
+    "list_ops",
+    "ops",
     "matmul",
     "reset_peak_memory_stats",
     "set_memory_limit",

@@ -12,9 +12,9 @@ pub mod view;
 
 pub use error::{OpError, Result};
 pub use kernels::elementwise::{Alias, PARALLEL_MIN_ELEMS};
-pub use tensor_ops::{contiguous, matmul, vector_add};
 pub use registry::{Entry, OpBuilder, Operator, Registry, Source};
 pub use schema::{AttrValue, Attrs, Meta, Schema};
+pub use tensor_ops::{contiguous, copy_tensor, matmul, vector_add};
 pub use view::TensorView;
 
 use opbridge_runtime::DType;

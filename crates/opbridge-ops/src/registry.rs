@@ -301,6 +301,8 @@ pub struct OpInfo {
 #[derive(Default)]
 pub struct Registry {
     ops: RwLock<BTreeMap<String, BTreeMap<u32, Arc<Entry>>>>,
+    /// Bumped by every register/unregister, so callers can cache lookups.
+    generation: std::sync::atomic::AtomicU64,
 }
 
 impl fmt::Debug for Registry {
@@ -334,6 +336,7 @@ impl Registry {
         }
         let entry = Arc::new(Entry { op, source, in_flight: Mutex::new(0), idle: Condvar::new() });
         versions.insert(version, Arc::clone(&entry));
+        self.generation.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         Ok(entry)
     }
 
@@ -345,6 +348,7 @@ impl Registry {
         if versions.is_empty() {
             ops.remove(name);
         }
+        self.generation.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         entry
     }
 
@@ -366,6 +370,11 @@ impl Registry {
             version: version.unwrap_or(0),
             available: versions.keys().map(u32::to_string).collect::<Vec<_>>().join(", "),
         })
+    }
+
+    /// Changes whenever an operator is registered or unregistered.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     pub fn list(&self) -> Vec<OpInfo> {

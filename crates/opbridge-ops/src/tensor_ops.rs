@@ -93,7 +93,7 @@ pub fn vector_add(
         let t = contiguous(t, dtype, stream)?;
         if overlap(byte_range(&t), byte_range(&result)) == Overlap::Partial {
             let copy = Arc::new(Tensor::empty(ctx, t.shape(), dtype, stream.id())?);
-            enqueue_copy(&t, &copy, stream)?;
+            copy_tensor(&t, &copy, stream)?;
             return Ok(copy);
         }
         Ok(t)
@@ -121,7 +121,8 @@ pub fn vector_add(
     Ok(if out.is_some() { None } else { Some(result) })
 }
 
-fn enqueue_copy(src: &Tensor, dst: &Tensor, stream: &Stream) -> Result<()> {
+/// Enqueues a byte copy of contiguous `src` into contiguous `dst` (same size) on `stream`.
+pub fn copy_tensor(src: &Tensor, dst: &Tensor, stream: &Stream) -> Result<()> {
     let (from, to, bytes) = (src.data_ptr(), dst.data_ptr(), src.nbytes());
     Tensor::launch(
         stream,
@@ -194,7 +195,7 @@ pub fn matmul(
 /// Copies contiguous `src` into `dst` of the same shape and dtype, whatever `dst`'s strides.
 fn copy_into(src: &Tensor, dst: &Tensor, stream: &Stream) -> Result<()> {
     if dst.is_contiguous() {
-        return enqueue_copy(src, dst, stream);
+        return copy_tensor(src, dst, stream);
     }
     Err(OpError::Argument { op: "matmul", message: "out must be contiguous".into() })
 }

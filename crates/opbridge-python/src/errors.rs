@@ -119,7 +119,12 @@ pub fn to_pyerr(error: impl Into<OpError>) -> PyErr {
         OpError::Shape { .. } => shape_error(message),
         OpError::DType { .. } => dtype_error(message),
         OpError::Device { .. } => device_error(message),
-        OpError::Argument { .. } => argument_error(message),
+        OpError::Argument { .. } | OpError::Kernel { .. } => argument_error(message),
+        OpError::UnknownAttribute { .. } | OpError::MissingAttribute { .. } => argument_error(message),
+        OpError::UnknownOperator { .. }
+        | OpError::UnknownVersion { .. }
+        | OpError::DuplicateOperator { .. }
+        | OpError::InvalidOperator { .. } => raise(|e| &e.base, message),
         OpError::Runtime(runtime) => match runtime {
             RuntimeError::OutOfMemory { .. } => raise(|e| &e.oom, message),
             RuntimeError::Layout(_) => shape_error(message),

@@ -6,6 +6,7 @@ mod ffi;
 mod host;
 mod memory;
 mod ops;
+mod registry;
 mod stream;
 mod tensor;
 
@@ -18,6 +19,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<stream::PyStream>()?;
     m.add_class::<stream::PyEvent>()?;
     m.add_class::<memory::PooledMemory>()?;
+    m.add_class::<registry::PyOp>()?;
+    m.add_function(wrap_pyfunction!(registry::get_op, m)?)?;
+    m.add_function(wrap_pyfunction!(registry::list_ops, m)?)?;
+    m.add_function(wrap_pyfunction!(registry::registry_generation, m)?)?;
     m.add_function(wrap_pyfunction!(ops::vector_add, m)?)?;
     m.add_function(wrap_pyfunction!(ops::matmul, m)?)?;
     m.add_function(wrap_pyfunction!(tensor::asarray, m)?)?;

@@ -1,0 +1,91 @@
+"""Registered operators, built-in and loaded from libraries.
+
+Every operator is an attribute of this module (its latest version) and is also reachable by name
+and version::
+
+    >>> import numpy as np, opbridge as ob
+    >>> ob.ops.vector_add(np.ones(3), np.ones(3))
+    array([2., 2., 2.])
+    >>> ob.ops.get("vector_add", version=1)
+    <opbridge op vector_add v1 (built-in)>
+
+Each ``Op`` has a docstring and a signature generated from its schema, so ``help(ob.ops.matmul)``
+and ``inspect.signature`` describe it. Unknown names and versions raise ``OpBridgeError`` listing
+what exists.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Optional
+
+from . import _native
+from ._native import Op, OpBridgeError
+
+__all__ = ["Op", "get", "list_ops"]
+
+# (name, version or None) -> Op, valid for one registry generation.
+_cache: dict[tuple[str, Optional[int]], Op] = {}
+_generation = -1
+
+_EMPTY = inspect.Parameter.empty
+
+
+def _signature(schema: dict[str, Any]) -> inspect.Signature:
+    params = [
+        inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None if optional else _EMPTY)
+        for name, optional in schema["inputs"]
+    ]
+    for name, default, required, _doc in schema["attrs"]:
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=_EMPTY if required else default))
+    params.append(inspect.Parameter("out", inspect.Parameter.KEYWORD_ONLY, default=None))
+    return inspect.Signature(params)
+
+
+def _docstring(op: Op, schema: dict[str, Any]) -> str:
+    lines = [f"{op.signature}", "", schema["doc"] or f"The {op.name} operator.", ""]
+    lines.append("Args:")
+    for name, optional in schema["inputs"]:
+        lines.append(f"    {name}: {'optional ' if optional else ''}array or Tensor of {', '.join(schema['dtypes'])}.")
+    for name, default, required, doc in schema["attrs"]:
+        suffix = "" if required else f" Default: {default!r}."
+        lines.append(f"    {name}: {doc}{suffix}")
+    lines.append("    out: optional output array(s) to write into.")
+    lines += ["", f"Version {op.version}, from {op.source}."]
+    return "\n".join(lines)
+
+
+def get(name: str, version: Optional[int] = None) -> Op:
+    """The operator ``name`` at ``version`` (the latest when omitted)."""
+    global _generation
+    generation = _native.registry_generation()
+    if generation != _generation:
+        _cache.clear()
+        _generation = generation
+    key = (name, version)
+    op = _cache.get(key)
+    if op is None:
+        op = _native.get_op(name, version)
+        schema = op.schema
+        op.__doc__ = _docstring(op, schema)
+        op.__signature__ = _signature(schema)  # type: ignore[attr-defined]
+        _cache[key] = op
+    return op
+
+
+def list_ops() -> list[dict[str, Any]]:
+    """Every registered operator: name, versions, and per version its source, dtypes, devices."""
+    return _native.list_ops()
+
+
+def __getattr__(name: str) -> Op:
+    if name.startswith("__"):
+        raise AttributeError(name)
+    try:
+        return get(name)
+    except OpBridgeError as e:
+        raise AttributeError(str(e)) from None
+
+
+def __dir__() -> list[str]:
+    return sorted({*__all__, *(info["name"] for info in _native.list_ops())})
