@@ -62,7 +62,14 @@ fn vector_add() -> Result<crate::registry::OpDef> {
             // SAFETY: contiguous views of `numel` elements of the output dtype; the output is
             // disjoint from the inputs or exactly one of them (`in_place_ok`).
             unsafe {
-                elementwise::add(out.dtype, a.data as *const u8, b.data as *const u8, out.data as *mut u8, out.numel(), alias)
+                elementwise::add(
+                    out.dtype,
+                    a.data as *const u8,
+                    b.data as *const u8,
+                    out.data as *mut u8,
+                    out.numel(),
+                    alias,
+                )
             };
             Ok(())
         })
@@ -88,7 +95,11 @@ fn matmul() -> Result<crate::registry::OpDef> {
         .cpu(|inputs, outputs, _| {
             let (a, b, out) = (inputs[0].as_ref().expect("a"), inputs[1].as_ref().expect("b"), &outputs[0]);
             let (m, k, n) = (a.shape[0], a.shape[1], b.shape[1]);
-            let mat = |v: &TensorView| mm::MatRef { ptr: v.data as *const u8, row_stride: v.strides[0], col_stride: v.strides[1] };
+            let mat = |v: &TensorView| mm::MatRef {
+                ptr: v.data as *const u8,
+                row_stride: v.strides[0],
+                col_stride: v.strides[1],
+            };
             if k == 0 {
                 // SAFETY: the output is a contiguous (m, n) block.
                 unsafe { std::ptr::write_bytes(out.data as *mut u8, 0, out.numel() * out.dtype.size()) };
@@ -100,4 +111,3 @@ fn matmul() -> Result<crate::registry::OpDef> {
         })
         .build()
 }
-

@@ -63,11 +63,8 @@ pub struct Schema {
 impl Schema {
     /// `name(a, b, /, *, axis=-1, out=None)`: the Python signature.
     pub fn signature(&self) -> String {
-        let mut parts: Vec<String> = self
-            .inputs
-            .iter()
-            .map(|i| if i.optional { format!("{}=None", i.name) } else { i.name.clone() })
-            .collect();
+        let mut parts: Vec<String> =
+            self.inputs.iter().map(|i| if i.optional { format!("{}=None", i.name) } else { i.name.clone() }).collect();
         parts.push("*".into());
         for attr in &self.attrs {
             parts.push(match &attr.default {
@@ -93,10 +90,10 @@ impl Schema {
         for spec in &self.attrs {
             let value = match given.iter().find(|(n, _)| n == &spec.name) {
                 Some((_, v)) => v.clone(),
-                None => spec.default.clone().ok_or_else(|| OpError::MissingAttribute {
-                    op: self.name.clone(),
-                    name: spec.name.clone(),
-                })?,
+                None => spec
+                    .default
+                    .clone()
+                    .ok_or_else(|| OpError::MissingAttribute { op: self.name.clone(), name: spec.name.clone() })?,
             };
             values.push((spec.name.clone(), value));
         }
