@@ -12,7 +12,7 @@ Example:
 
 from __future__ import annotations
 
-from . import _native, ops
+from . import _native, ops, tuning
 from ._native import (
     ArgumentError,
     DeviceError,
@@ -37,6 +37,9 @@ from ._native import (
     zeros,
 )
 from .ops import list_ops
+from .tuning import calibrate
+
+tuning._load_saved()
 
 __all__ = [
     "ArgumentError",
@@ -49,6 +52,7 @@ __all__ = [
     "Stream",
     "Tensor",
     "asarray",
+    "calibrate",
     "current_stream",
     "empty",
     "empty_cache",
@@ -60,6 +64,7 @@ __all__ = [
     "reset_peak_memory_stats",
     "set_memory_limit",
     "synchronize",
+    "tuning",
     "vector_add",
     "zeros",
 ]

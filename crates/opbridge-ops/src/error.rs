@@ -35,6 +35,13 @@ pub enum OpError {
     Kernel { op: String, message: String },
     #[error(transparent)]
     Runtime(#[from] opbridge_runtime::Error),
+    /// An operator library that cannot be loaded (not a plugin, wrong ABI, malformed descriptor)
+    /// or closed; nothing of it stays registered.
+    #[error("operator library {path}: {message}")]
+    Plugin { path: String, message: String },
+    /// A call through an operator whose library has been unloaded since it was looked up.
+    #[error("operator {name:?} version {version} was unloaded with its library {path}; look it up again")]
+    Unloaded { name: String, version: u32, path: String },
 }
 
 impl OpError {

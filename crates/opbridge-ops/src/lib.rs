@@ -7,6 +7,7 @@ pub mod error;
 pub mod kernels;
 pub mod registry;
 pub mod schema;
+pub mod tuning;
 mod tensor_ops;
 pub mod view;
 

@@ -124,7 +124,9 @@ pub fn to_pyerr(error: impl Into<OpError>) -> PyErr {
         OpError::UnknownOperator { .. }
         | OpError::UnknownVersion { .. }
         | OpError::DuplicateOperator { .. }
-        | OpError::InvalidOperator { .. } => raise(|e| &e.base, message),
+        | OpError::InvalidOperator { .. }
+        | OpError::Plugin { .. }
+        | OpError::Unloaded { .. } => raise(|e| &e.base, message),
         OpError::Runtime(runtime) => match runtime {
             RuntimeError::OutOfMemory { .. } => raise(|e| &e.oom, message),
             RuntimeError::Layout(_) => shape_error(message),

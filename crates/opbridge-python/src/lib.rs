@@ -9,6 +9,7 @@ mod ops;
 mod registry;
 mod stream;
 mod tensor;
+mod tuning;
 
 use pyo3::prelude::*;
 
@@ -35,6 +36,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(memory::set_memory_limit, m)?)?;
     m.add_function(wrap_pyfunction!(memory::empty_cache, m)?)?;
     m.add_function(wrap_pyfunction!(memory::reset_peak_memory_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(tuning::calibrate_thresholds, m)?)?;
+    m.add_function(wrap_pyfunction!(tuning::get_thresholds, m)?)?;
+    m.add_function(wrap_pyfunction!(tuning::set_thresholds, m)?)?;
     m.add("GIL_RELEASE_BYTES", host::GIL_RELEASE_BYTES)?;
     m.add("POOL_OUTPUT_MIN_BYTES", host::POOL_OUTPUT_MIN_BYTES)?;
     m.add("PARALLEL_MIN_ELEMS", opbridge_ops::PARALLEL_MIN_ELEMS)?;

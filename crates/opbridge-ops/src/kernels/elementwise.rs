@@ -7,9 +7,9 @@ use rayon::prelude::*;
 use super::{streaming, Element};
 use opbridge_runtime::DType;
 
-/// Below this many elements a call stays on the calling thread: waking the pool costs more
-/// than the second core's share of the bandwidth gives back (measured with
-/// `benchmarks/bench_vector_add.py --threshold`).
+/// Default for `tuning::elementwise_parallel_min()`: below this many elements a call stays on
+/// the calling thread, as waking the pool costs more than the second core's share of the
+/// bandwidth gives back (measured with `benchmarks/bench_vector_add.py --threshold`).
 pub const PARALLEL_MIN_ELEMS: usize = 1 << 17;
 
 /// Elements per parallel task: a few tasks per core balance the load; more only add
@@ -116,16 +116,27 @@ pub unsafe fn add(dtype: DType, a: *const u8, b: *const u8, out: *mut u8, n: usi
         unsafe { add_streaming_parallel(dtype, a, b, out, n) };
         return;
     }
+    let parallel = n >= crate::tuning::elementwise_parallel_min();
     crate::with_dtype!(dtype, T => {
         // SAFETY: forwarded from the caller's contract.
-        unsafe { add_typed::<T>(a.cast(), b.cast(), out.cast(), n, alias) }
+        unsafe { add_typed::<T>(a.cast(), b.cast(), out.cast(), n, alias, parallel) }
+    })
+}
+
+/// `add` for disjoint operands on one thread or all cores, as told (for calibration).
+///
+/// # Safety
+/// As for [`add`] with a disjoint `out`.
+pub unsafe fn add_with_threads(dtype: DType, a: *const u8, b: *const u8, out: *mut u8, n: usize, parallel: bool) {
+    crate::with_dtype!(dtype, T => {
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { add_typed::<T>(a.cast(), b.cast(), out.cast(), n, Alias::None, parallel) }
     })
 }
 
 /// # Safety
 /// As for [`add`], with typed pointers.
-unsafe fn add_typed<T: Element>(a: *const T, b: *const T, out: *mut T, n: usize, alias: Alias) {
-    let parallel = n >= PARALLEL_MIN_ELEMS;
+unsafe fn add_typed<T: Element>(a: *const T, b: *const T, out: *mut T, n: usize, alias: Alias, parallel: bool) {
     // SAFETY: the caller guarantees validity for `n` elements; each arm builds exactly one
     // mutable slice, and only over memory no shared slice in the same arm covers.
     unsafe {

@@ -4,7 +4,8 @@
 use gemm::Parallelism;
 use opbridge_runtime::DType;
 
-/// Below this many multiply-adds one thread is faster than waking the pool.
+/// Default for `tuning::matmul_parallel_min()`: below this many multiply-adds one thread is
+/// faster than waking the pool.
 pub const PARALLEL_MIN_FLOPS: usize = 1 << 18;
 
 /// A 2-D operand: base pointer and strides in elements (any sign, any order).
@@ -25,7 +26,18 @@ unsafe impl Send for MatRef {}
 /// Each operand's elements are valid for its shape and strides; `out` is writable, does not
 /// overlap `a` or `b`, and nothing else touches it during the call.
 pub unsafe fn matmul(dtype: DType, m: usize, n: usize, k: usize, a: MatRef, b: MatRef, out: MatRef) {
-    let parallelism = if m.saturating_mul(n).saturating_mul(k) >= PARALLEL_MIN_FLOPS {
+    let parallel = m.saturating_mul(n).saturating_mul(k) >= crate::tuning::matmul_parallel_min();
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { matmul_with(dtype, m, n, k, a, b, out, parallel) }
+}
+
+/// [`matmul`] on one thread or all cores, as told (for calibration).
+///
+/// # Safety
+/// As for [`matmul`].
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn matmul_with(dtype: DType, m: usize, n: usize, k: usize, a: MatRef, b: MatRef, out: MatRef, parallel: bool) {
+    let parallelism = if parallel {
         Parallelism::Rayon(rayon::current_num_threads())
     } else {
         Parallelism::None
