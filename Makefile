@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: setup build demo test test-rust test-python lint stubtest bench clean
+.PHONY: setup build demo test fmt-check test-rust test-python lint stubtest bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -18,7 +18,10 @@ build: $(PY)
 demo: setup
 	$(PY) benchmarks/demo.py
 
-test: setup test-rust test-python stubtest
+test: setup fmt-check test-rust test-python stubtest
+
+fmt-check:
+	cargo fmt --all --check
 
 test-rust:
 	cargo test --workspace --exclude opbridge-python -q
@@ -35,7 +38,7 @@ lint:
 
 bench: setup
 	$(PY) benchmarks/bench_vector_add.py
-	$(PY) benchmarks/bench_matmul.py
+	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE $(PY) benchmarks/bench_matmul.py
 	$(PY) benchmarks/bench_bindings.py
 	cargo bench -p opbridge-runtime --bench pool
 
