@@ -12,12 +12,15 @@ Example:
 
 from __future__ import annotations
 
+import os
+
 from . import _native, ops, tuning
 from ._native import (
     ArgumentError,
     DeviceError,
     DTypeError,
     Event,
+    Library,
     OpBridgeError,
     OutOfMemoryError,
     ShapeError,
@@ -29,6 +32,7 @@ from ._native import (
     empty_cache,
     from_dlpack,
     get_memory_pool_stats,
+    load_library,
     matmul,
     reset_peak_memory_stats,
     set_memory_limit,
@@ -39,6 +43,15 @@ from ._native import (
 from .ops import list_ops
 from .tuning import calibrate
 
+
+def get_include() -> str:
+    """The folder of opbridge's C headers, for ``-I``: operator libraries include
+    ``<opbridge/plugin.h>`` (as with ``numpy.get_include()``)."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "include")
+
+
+from . import jit  # noqa: E402  (uses get_include and the native types above)
+
 tuning._load_saved()
 
 __all__ = [
@@ -46,6 +59,7 @@ __all__ = [
     "DTypeError",
     "DeviceError",
     "Event",
+    "Library",
     "OpBridgeError",
     "OutOfMemoryError",
     "ShapeError",
@@ -57,8 +71,11 @@ __all__ = [
     "empty",
     "empty_cache",
     "from_dlpack",
+    "get_include",
     "get_memory_pool_stats",
+    "jit",
     "list_ops",
+    "load_library",
     "ops",
     "matmul",
     "reset_peak_memory_stats",

@@ -5,10 +5,11 @@
 mod builtins;
 pub mod error;
 pub mod kernels;
+pub mod plugin;
 pub mod registry;
 pub mod schema;
-pub mod tuning;
 mod tensor_ops;
+pub mod tuning;
 pub mod view;
 
 pub use error::{OpError, Result};

@@ -85,7 +85,9 @@ pub fn calibrate() -> Thresholds {
     let elementwise_min = crossover(&sizes, |n, parallel| {
         best_of(budget, || {
             // SAFETY: three distinct vectors of at least `n` f32s, alive for the call.
-            unsafe { elementwise::add_with_threads(DType::F32, pa as *const u8, pb as *const u8, po as *mut u8, n, parallel) }
+            unsafe {
+                elementwise::add_with_threads(DType::F32, pa as *const u8, pb as *const u8, po as *mut u8, n, parallel)
+            }
         })
     });
 

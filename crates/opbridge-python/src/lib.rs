@@ -6,6 +6,7 @@ mod ffi;
 mod host;
 mod memory;
 mod ops;
+mod plugin;
 mod registry;
 mod stream;
 mod tensor;
@@ -24,6 +25,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(registry::get_op, m)?)?;
     m.add_function(wrap_pyfunction!(registry::list_ops, m)?)?;
     m.add_function(wrap_pyfunction!(registry::registry_generation, m)?)?;
+    m.add_class::<plugin::PyLibrary>()?;
+    m.add_function(wrap_pyfunction!(plugin::load_library, m)?)?;
     m.add_function(wrap_pyfunction!(ops::vector_add, m)?)?;
     m.add_function(wrap_pyfunction!(ops::matmul, m)?)?;
     m.add_function(wrap_pyfunction!(tensor::asarray, m)?)?;

@@ -36,12 +36,17 @@ pub unsafe fn matmul(dtype: DType, m: usize, n: usize, k: usize, a: MatRef, b: M
 /// # Safety
 /// As for [`matmul`].
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn matmul_with(dtype: DType, m: usize, n: usize, k: usize, a: MatRef, b: MatRef, out: MatRef, parallel: bool) {
-    let parallelism = if parallel {
-        Parallelism::Rayon(rayon::current_num_threads())
-    } else {
-        Parallelism::None
-    };
+pub unsafe fn matmul_with(
+    dtype: DType,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: MatRef,
+    b: MatRef,
+    out: MatRef,
+    parallel: bool,
+) {
+    let parallelism = if parallel { Parallelism::Rayon(rayon::current_num_threads()) } else { Parallelism::None };
     macro_rules! call {
         ($t:ty, $zero:expr, $one:expr) => {
             // SAFETY: forwarded from the caller's contract; `read_dst = false` means `out` is

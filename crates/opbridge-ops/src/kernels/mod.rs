@@ -1,10 +1,18 @@
 //! CPU kernels. Each family works on raw host pointers handed over by the dispatch layer, which
 //! checks shapes, dtypes and aliasing before any kernel runs.
 
+pub mod batched;
+pub mod binary;
+pub mod broadcast;
+pub mod cast;
 pub mod copy;
 pub mod elementwise;
+pub mod embedding;
 pub mod matmul;
+pub mod nn;
+pub mod reduce;
 pub mod streaming;
+pub mod unary;
 
 use half::f16;
 

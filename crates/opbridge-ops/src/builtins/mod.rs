@@ -10,15 +10,19 @@ use crate::schema::Meta;
 use crate::view::TensorView;
 use crate::{check_matmul, check_vector_add, Alias};
 
+mod arithmetic;
+
 /// Registers every built-in operator.
 pub fn register_all(registry: &Registry) -> Result<()> {
-    for op in [vector_add()?, matmul()?] {
+    let mut ops = vec![vector_add()?, matmul()?];
+    ops.extend(arithmetic::all()?);
+    for op in ops {
         registry.register(Arc::new(op), Source::Builtin)?;
     }
     Ok(())
 }
 
-fn required<'a>(inputs: &'a [Option<Meta>], i: usize) -> &'a Meta {
+fn required(inputs: &[Option<Meta>], i: usize) -> &Meta {
     inputs[i].as_ref().expect("required inputs are checked by the caller")
 }
 

@@ -1,0 +1,667 @@
+//! Elementwise unary kernels with numpy semantics over strided views, and the scalar math the
+//! elementwise families share (float16 computes in float32 and rounds once, as numpy does).
+//!
+//! dtype rule ([`unary_result_dtype`]): float inputs keep their dtype; on int32/int64, `neg`,
+//! `abs` and `relu` keep the dtype (wrapping: `abs(i32::MIN) == i32::MIN`, as numpy), every
+//! other op returns float64 (numpy's `np.exp(int_array)` is float64). The kernel itself runs
+//! only on `x.dtype == out.dtype == unary_result_dtype(op, x.dtype)`: the caller casts int
+//! inputs to float64 first (see `cast::cast_view`).
+#![allow(unsafe_code)]
+
+use std::ops::{Add, Div, Mul, Neg, Sub};
+
+use half::f16;
+use opbridge_runtime::DType;
+
+use super::broadcast::{self, StridedLoop};
+use super::Element;
+use crate::view::TensorView;
+
+/// Transcendental ops cost tens of cycles per element, so a second core pays off far earlier
+/// than for memory-bound ops. An estimate (exp/tanh ~10 ns per element against ~20 µs to wake
+/// the pool), not yet measured: `calibrate` should own it.
+pub const TRANSCENDENTAL_PARALLEL_MIN_ELEMS: usize = 1 << 14;
+
+/// The parallel threshold of compute-bound kernels: never above the calibrated elementwise one.
+pub(crate) fn transcendental_parallel_min() -> usize {
+    TRANSCENDENTAL_PARALLEL_MIN_ELEMS.min(crate::tuning::elementwise_parallel_min())
+}
+
+/// Float math in the type an element computes in: `f32` for float16 and float32, `f64` for
+/// float64.
+pub(crate) trait Real:
+    Copy
+    + Send
+    + Sync
+    + PartialOrd
+    + Add<Output = Self>
+    + Sub<Output = Self>
+    + Mul<Output = Self>
+    + Div<Output = Self>
+    + Neg<Output = Self>
+{
+    const ZERO: Self;
+    const ONE: Self;
+    const HALF: Self;
+    /// A constant, rounded to this type.
+    fn c(v: f64) -> Self;
+    fn is_nan(self) -> bool;
+    fn abs(self) -> Self;
+    fn exp(self) -> Self;
+    fn ln(self) -> Self;
+    fn sqrt(self) -> Self;
+    fn tanh(self) -> Self;
+    fn erfc(self) -> Self;
+    fn powf(self, e: Self) -> Self;
+}
+
+macro_rules! real {
+    ($t:ty, $erfc:path) => {
+        impl Real for $t {
+            const ZERO: Self = 0.0;
+            const ONE: Self = 1.0;
+            const HALF: Self = 0.5;
+            #[inline(always)]
+            fn c(v: f64) -> Self {
+                v as $t
+            }
+            #[inline(always)]
+            fn is_nan(self) -> bool {
+                <$t>::is_nan(self)
+            }
+            #[inline(always)]
+            fn abs(self) -> Self {
+                <$t>::abs(self)
+            }
+            #[inline(always)]
+            fn exp(self) -> Self {
+                <$t>::exp(self)
+            }
+            #[inline(always)]
+            fn ln(self) -> Self {
+                <$t>::ln(self)
+            }
+            #[inline(always)]
+            fn sqrt(self) -> Self {
+                <$t>::sqrt(self)
+            }
+            #[inline(always)]
+            fn tanh(self) -> Self {
+                <$t>::tanh(self)
+            }
+            #[inline(always)]
+            fn erfc(self) -> Self {
+                $erfc(self)
+            }
+            #[inline(always)]
+            fn powf(self, e: Self) -> Self {
+                <$t>::powf(self, e)
+            }
+        }
+    };
+}
+real!(f32, libm::erfcf);
+real!(f64, libm::erfc);
+
+/// A float element: widened to its compute type, rounded back once.
+pub(crate) trait FloatElement: Element {
+    type R: Real;
+    fn up(self) -> Self::R;
+    fn down(r: Self::R) -> Self;
+}
+
+impl FloatElement for f16 {
+    type R = f32;
+    #[inline(always)]
+    fn up(self) -> f32 {
+        self.to_f32()
+    }
+    #[inline(always)]
+    fn down(r: f32) -> f16 {
+        f16::from_f32(r)
+    }
+}
+
+macro_rules! float_element {
+    ($t:ty) => {
+        impl FloatElement for $t {
+            type R = $t;
+            #[inline(always)]
+            fn up(self) -> $t {
+                self
+            }
+            #[inline(always)]
+            fn down(r: $t) -> $t {
+                r
+            }
+        }
+    };
+}
+float_element!(f32);
+float_element!(f64);
+
+/// An integer element: every operation wraps on overflow, as numpy's do.
+pub(crate) trait IntElement: Element + Ord {
+    const ZERO: Self;
+    fn wrapping_sub(self, b: Self) -> Self;
+    fn wrapping_mul(self, b: Self) -> Self;
+    fn wrapping_neg(self) -> Self;
+    fn wrapping_abs(self) -> Self;
+    /// `self ** e` by squaring, wrapping; `e` is the exponent's bits read as unsigned (callers
+    /// reject negative exponents first).
+    #[inline(always)]
+    fn wrapping_pow(self, e: Self) -> Self {
+        let mut e = e.to_i64() as u64;
+        let (mut base, mut acc) = (self, Self::from_i64(1));
+        while e > 0 {
+            if e & 1 == 1 {
+                acc = acc.wrapping_mul(base);
+            }
+            base = base.wrapping_mul(base);
+            e >>= 1;
+        }
+        acc
+    }
+}
+
+macro_rules! int_element {
+    ($t:ty) => {
+        impl IntElement for $t {
+            const ZERO: Self = 0;
+            #[inline(always)]
+            fn wrapping_sub(self, b: Self) -> Self {
+                <$t>::wrapping_sub(self, b)
+            }
+            #[inline(always)]
+            fn wrapping_mul(self, b: Self) -> Self {
+                <$t>::wrapping_mul(self, b)
+            }
+            #[inline(always)]
+            fn wrapping_neg(self) -> Self {
+                <$t>::wrapping_neg(self)
+            }
+            #[inline(always)]
+            fn wrapping_abs(self) -> Self {
+                <$t>::wrapping_abs(self)
+            }
+        }
+    };
+}
+int_element!(i32);
+int_element!(i64);
+
+/// Elementwise unary operators.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    /// `-x` (ints wrap).
+    Neg,
+    /// `|x|` (ints wrap: `abs(MIN) == MIN`).
+    Abs,
+    Exp,
+    /// Natural log: `log(0) = -inf`, `log(x < 0) = nan`.
+    Log,
+    /// `sqrt(x < 0) = nan`.
+    Sqrt,
+    /// `np.maximum(x, 0)`: NaN propagates.
+    Relu,
+    /// `1 / (1 + exp(-x))`, evaluated without overflow for any `x`.
+    Sigmoid,
+    Tanh,
+    /// `0.5 x (1 + erf(x / sqrt 2))`, evaluated as `0.5 x erfc(-x / sqrt 2)` (no cancellation
+    /// for negative `x`).
+    GeluErf,
+    /// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, evaluated as `x sigmoid(2 z)`.
+    GeluTanh,
+    /// `x sigmoid(x)`.
+    Silu,
+}
+
+impl UnaryOp {
+    pub const ALL: [UnaryOp; 11] = [
+        UnaryOp::Neg,
+        UnaryOp::Abs,
+        UnaryOp::Exp,
+        UnaryOp::Log,
+        UnaryOp::Sqrt,
+        UnaryOp::Relu,
+        UnaryOp::Sigmoid,
+        UnaryOp::Tanh,
+        UnaryOp::GeluErf,
+        UnaryOp::GeluTanh,
+        UnaryOp::Silu,
+    ];
+
+    /// The operator's name (`"gelu_erf"`, ...).
+    pub const fn name(self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "neg",
+            UnaryOp::Abs => "abs",
+            UnaryOp::Exp => "exp",
+            UnaryOp::Log => "log",
+            UnaryOp::Sqrt => "sqrt",
+            UnaryOp::Relu => "relu",
+            UnaryOp::Sigmoid => "sigmoid",
+            UnaryOp::Tanh => "tanh",
+            UnaryOp::GeluErf => "gelu_erf",
+            UnaryOp::GeluTanh => "gelu_tanh",
+            UnaryOp::Silu => "silu",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<UnaryOp> {
+        UnaryOp::ALL.into_iter().find(|op| op.name() == name)
+    }
+
+    /// Whether the op is defined on integers in their own dtype (numpy keeps int dtype for
+    /// `negative`, `absolute` and `maximum(x, 0)`).
+    pub const fn keeps_int_dtype(self) -> bool {
+        matches!(self, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Relu)
+    }
+
+    /// Where the op goes parallel: memory-bound ops at the calibrated elementwise threshold,
+    /// compute-bound ones at most at `TRANSCENDENTAL_PARALLEL_MIN_ELEMS`.
+    fn parallel_min(self) -> usize {
+        match self {
+            UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Relu | UnaryOp::Sqrt => crate::tuning::elementwise_parallel_min(),
+            _ => transcendental_parallel_min(),
+        }
+    }
+}
+
+impl std::fmt::Display for UnaryOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The dtype numpy gives `op(x)` for `x` of `dtype`: floats keep theirs; ints keep theirs for
+/// neg/abs/relu and become float64 for everything else.
+pub fn unary_result_dtype(op: UnaryOp, dtype: DType) -> DType {
+    if dtype.is_float() || op.keeps_int_dtype() {
+        dtype
+    } else {
+        DType::F64
+    }
+}
+
+/// Stable logistic function: `exp` only ever sees `-|x|`, so it never overflows.
+#[inline(always)]
+fn sigmoid<R: Real>(x: R) -> R {
+    let e = (-x.abs()).exp();
+    let r = R::ONE / (R::ONE + e);
+    if x >= R::ZERO {
+        r
+    } else {
+        e * r
+    }
+}
+
+#[inline(always)]
+fn gelu_erf<R: Real>(x: R) -> R {
+    R::HALF * x * (-x * R::c(std::f64::consts::FRAC_1_SQRT_2)).erfc()
+}
+
+#[inline(always)]
+fn gelu_tanh<R: Real>(x: R) -> R {
+    // 0.5 (1 + tanh z) == sigmoid(2 z); 2 sqrt(2/pi) folded into one constant.
+    let k = R::c(2.0 * (2.0 / std::f64::consts::PI).sqrt());
+    x * sigmoid(k * (x + R::c(0.044715) * x * x * x))
+}
+
+/// `out = op(x)`, elementwise over any strides.
+///
+/// Errors (the caller maps them to typed errors): dtypes differ, `op` has no kernel for an int
+/// dtype (cast to `unary_result_dtype(op, x.dtype)` first), `x` does not broadcast to
+/// `out.shape`, or `out` names an element twice (a stride-0 dimension).
+///
+/// # Safety
+/// Every element of `x` (its shape and strides) is readable and every element of `out` is
+/// writable, aligned for the dtype, and nothing else writes them during the call; `out`
+/// either does not overlap `x` or is exactly `x` (same address, shape and strides), and no
+/// two indices of `out` name the same element.
+pub unsafe fn unary(op: UnaryOp, x: &TensorView, out: &TensorView) -> Result<(), String> {
+    if x.dtype != out.dtype {
+        return Err(format!("{op}: input is {} but out is {}", x.dtype, out.dtype));
+    }
+    let x = broadcast::try_broadcast_view(x, &out.shape).map_err(|e| format!("{op}: {e}"))?;
+    if broadcast::has_repeated_elements(out) {
+        return Err(format!("{op}: out has a stride-0 dimension (it names one element several times)"));
+    }
+    let lp = StridedLoop::new([out, &x]);
+    let min = op.parallel_min();
+    // The loop's runs stay inside `out` and `x` (caller's contract), runs
+    // are disjoint in `out`, and `out` is either disjoint from `x` or exactly `x`.
+    match out.dtype {
+        DType::F16 => run_float::<f16>(op, &lp, min),
+        DType::F32 => run_float::<f32>(op, &lp, min),
+        DType::F64 => run_float::<f64>(op, &lp, min),
+        DType::I32 => run_int::<i32>(op, &lp, min)?,
+        DType::I64 => run_int::<i64>(op, &lp, min)?,
+    }
+    Ok(())
+}
+
+/// Runs `f` over every run of `lp` (`[out, x]`).
+fn run_map<T: Element>(lp: &StridedLoop<2>, min: usize, f: impl Fn(T) -> T + Copy + Sync) {
+    // SAFETY: `lp` was built over `[out, x]` under `unary`'s contract (see there).
+    lp.run(min, |p, s, len| unsafe { broadcast::unary_run::<T>(p, s, len, f) });
+}
+
+fn run_float<T: FloatElement>(op: UnaryOp, lp: &StridedLoop<2>, min: usize) {
+    let zero = T::down(<T::R as Real>::ZERO);
+    match op {
+        UnaryOp::Neg => run_map(lp, min, |x: T| T::down(-x.up())),
+        UnaryOp::Abs => run_map(lp, min, |x: T| T::down(x.up().abs())),
+        UnaryOp::Exp => run_map(lp, min, |x: T| T::down(x.up().exp())),
+        UnaryOp::Log => run_map(lp, min, |x: T| T::down(x.up().ln())),
+        UnaryOp::Sqrt => run_map(lp, min, |x: T| T::down(x.up().sqrt())),
+        UnaryOp::Relu => run_map(lp, min, move |x: T| {
+            let v = x.up();
+            if v.is_nan() || v >= <T::R as Real>::ZERO {
+                x
+            } else {
+                zero
+            }
+        }),
+        UnaryOp::Sigmoid => run_map(lp, min, |x: T| T::down(sigmoid(x.up()))),
+        UnaryOp::Tanh => run_map(lp, min, |x: T| T::down(x.up().tanh())),
+        UnaryOp::GeluErf => run_map(lp, min, |x: T| T::down(gelu_erf(x.up()))),
+        UnaryOp::GeluTanh => run_map(lp, min, |x: T| T::down(gelu_tanh(x.up()))),
+        UnaryOp::Silu => run_map(lp, min, |x: T| {
+            let v = x.up();
+            T::down(v * sigmoid(v))
+        }),
+    }
+}
+
+fn run_int<T: IntElement>(op: UnaryOp, lp: &StridedLoop<2>, min: usize) -> Result<(), String> {
+    match op {
+        UnaryOp::Neg => run_map(lp, min, T::wrapping_neg),
+        UnaryOp::Abs => run_map(lp, min, T::wrapping_abs),
+        UnaryOp::Relu => run_map(lp, min, |x: T| x.max(T::ZERO)),
+        _ => {
+            return Err(format!(
+                "{op} has no {} kernel: cast the input to {} first (numpy's result dtype)",
+                T::DTYPE,
+                unary_result_dtype(op, T::DTYPE)
+            ))
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::broadcast::testing::*;
+    use crate::PARALLEL_MIN_ELEMS;
+
+    /// Reference formulas, straight from the definitions, in float64.
+    fn reference(op: UnaryOp, x: f64) -> f64 {
+        let k = (2.0 / std::f64::consts::PI).sqrt();
+        match op {
+            UnaryOp::Neg => -x,
+            UnaryOp::Abs => x.abs(),
+            UnaryOp::Exp => x.exp(),
+            UnaryOp::Log => x.ln(),
+            UnaryOp::Sqrt => x.sqrt(),
+            UnaryOp::Relu => {
+                if x.is_nan() {
+                    x
+                } else {
+                    x.max(0.0)
+                }
+            }
+            UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+            UnaryOp::Tanh => x.tanh(),
+            // 1 + erf(t) == erfc(-t) and 0.5 (1 + tanh z) == 1 / (1 + exp(-2 z)), written so the
+            // reference itself does not cancel for negative x.
+            UnaryOp::GeluErf => 0.5 * x * libm::erfc(-x / std::f64::consts::SQRT_2),
+            UnaryOp::GeluTanh => x / (1.0 + (-2.0 * k * (x + 0.044715 * x * x * x)).exp()),
+            UnaryOp::Silu => x / (1.0 + (-x).exp()),
+        }
+    }
+
+    fn reference_int(op: UnaryOp, x: i64, bits: u32) -> i64 {
+        let wrap = |v: i64| if bits == 32 { v as i32 as i64 } else { v };
+        match op {
+            UnaryOp::Neg => wrap(x.wrapping_neg()),
+            UnaryOp::Abs => wrap(x.wrapping_abs()),
+            UnaryOp::Relu => x.max(0),
+            _ => unreachable!(),
+        }
+    }
+
+    /// (rtol, atol) of a float dtype against the float64 reference.
+    fn tolerance(dtype: DType) -> (f64, f64) {
+        match dtype {
+            DType::F16 => (2e-3, 1e-7),
+            DType::F32 => (2e-6, 1e-44),
+            _ => (1e-9, 1e-300),
+        }
+    }
+
+    fn close(got: f64, want: f64, (rtol, atol): (f64, f64)) -> bool {
+        if want.is_nan() {
+            got.is_nan()
+        } else if want.is_infinite() || got.is_infinite() {
+            got == want
+        } else {
+            (got - want).abs() <= rtol * want.abs() + atol
+        }
+    }
+
+    /// Test data: moderate values, both signed zeros, infinities and NaN for floats; the
+    /// extremes for ints.
+    fn values<T: Element>(n: usize) -> Vec<T> {
+        (0..n)
+            .map(|i| {
+                if T::DTYPE.is_float() {
+                    let special = [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 0.0, -0.0, 1e-3, -30.0, 30.0];
+                    if i % 17 < special.len() && i % 3 == 0 {
+                        T::from_f64(special[i % 17])
+                    } else {
+                        T::from_f64(((i * 37) % 101) as f64 / 10.0 - 5.0)
+                    }
+                } else {
+                    match i % 11 {
+                        0 => T::from_i64(if T::DTYPE == DType::I32 { i32::MIN as i64 } else { i64::MIN }),
+                        1 => T::from_i64(if T::DTYPE == DType::I32 { i32::MAX as i64 } else { i64::MAX }),
+                        _ => T::from_i64(((i * 2_654_435_761) % 2001) as i64 - 1000),
+                    }
+                }
+            })
+            .collect()
+    }
+
+    fn check<T: Element>(op: UnaryOp, shape: &[usize], x_shape: &[usize], x_layout: Layout, out_layout: Layout) {
+        let xv = values::<T>(x_shape.iter().product());
+        let x = make(x_shape, x_layout, &xv);
+        let out = alloc(T::DTYPE, shape, out_layout);
+        // SAFETY: test views from `alloc` cover their elements; `out` is disjoint from `x`.
+        let result = unsafe { unary(op, &x.view, &out.view) };
+        if !T::DTYPE.is_float() && !op.keeps_int_dtype() {
+            assert!(result.is_err(), "{op} on {}", T::DTYPE);
+            return;
+        }
+        result.unwrap();
+        let xs = read::<T>(&broadcast::broadcast_view(&x.view, shape));
+        let got = read::<T>(&out.view);
+        for (i, (&g, &x)) in got.iter().zip(&xs).enumerate() {
+            let ctx = || format!("{op} {} {shape:?} {x_layout:?}->{out_layout:?} at {i}: x={}", T::DTYPE, x.to_f64());
+            if T::DTYPE.is_float() {
+                let want = T::from_f64(reference(op, x.to_f64())).to_f64();
+                assert!(close(g.to_f64(), want, tolerance(T::DTYPE)), "{} got {} want {want}", ctx(), g.to_f64());
+            } else {
+                let bits = T::DTYPE.size() as u32 * 8;
+                assert_eq!(g.to_i64(), reference_int(op, x.to_i64(), bits), "{}", ctx());
+            }
+        }
+    }
+
+    fn check_all<T: Element>() {
+        let cases: [(&[usize], &[usize]); 6] = [
+            (&[3, 5, 4], &[3, 5, 4]),
+            (&[3, 5, 4], &[5, 1]),
+            (&[], &[]),
+            (&[2, 0, 3], &[3]),
+            (&[4, 3], &[]),
+            (&[37], &[37]),
+        ];
+        for op in UnaryOp::ALL {
+            for (shape, x_shape) in cases {
+                for (xl, ol) in LAYOUTS.iter().zip(LAYOUTS.iter().rev()) {
+                    check::<T>(op, shape, x_shape, *xl, *ol);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn float_ops_match_reference() {
+        check_all::<f16>();
+        check_all::<f32>();
+        check_all::<f64>();
+    }
+
+    #[test]
+    fn int_ops_match_reference_and_reject_float_ops() {
+        check_all::<i32>();
+        check_all::<i64>();
+    }
+
+    #[test]
+    fn around_the_parallel_thresholds() {
+        for n in [TRANSCENDENTAL_PARALLEL_MIN_ELEMS - 1, PARALLEL_MIN_ELEMS, PARALLEL_MIN_ELEMS + 37] {
+            check::<f32>(UnaryOp::Exp, &[n], &[n], Layout::Contiguous, Layout::Contiguous);
+            check::<f64>(UnaryOp::Relu, &[n], &[n], Layout::Reversed, Layout::Contiguous);
+            check::<i32>(UnaryOp::Abs, &[n], &[n], Layout::Contiguous, Layout::Stepped);
+        }
+        // Rows of 67 split mid-row between tasks; a broadcast input.
+        let rows = PARALLEL_MIN_ELEMS / 67 + 3;
+        check::<f32>(UnaryOp::Sigmoid, &[rows, 67], &[rows, 67], Layout::Fortran, Layout::Padded);
+        check::<f16>(UnaryOp::Silu, &[rows, 67], &[67], Layout::Contiguous, Layout::Contiguous);
+    }
+
+    #[test]
+    fn in_place() {
+        for op in UnaryOp::ALL {
+            for layout in LAYOUTS {
+                for shape in [&[5usize, 7][..], &[PARALLEL_MIN_ELEMS + 5]] {
+                    let xs = values::<f64>(shape.iter().product());
+                    let x = make(shape, layout, &xs);
+                    // SAFETY: `out` is exactly `x`.
+                    unsafe { unary(op, &x.view, &x.view) }.unwrap();
+                    for (&g, &v) in read::<f64>(&x.view).iter().zip(&xs) {
+                        assert!(close(g, reference(op, v), tolerance(DType::F64)), "{op} {layout:?} x={v}");
+                    }
+                    let xs = values::<i64>(shape.iter().product());
+                    let x = make(shape, layout, &xs);
+                    // SAFETY: as above.
+                    if unsafe { unary(op, &x.view, &x.view) }.is_ok() {
+                        for (&g, &v) in read::<i64>(&x.view).iter().zip(&xs) {
+                            assert_eq!(g, reference_int(op, v, 64));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn eval<T: Element>(op: UnaryOp, xs: &[T]) -> Vec<T> {
+        let x = make(&[xs.len()], Layout::Contiguous, xs);
+        let out = alloc(T::DTYPE, &[xs.len()], Layout::Contiguous);
+        // SAFETY: test views, disjoint.
+        unsafe { unary(op, &x.view, &out.view) }.unwrap();
+        read(&out.view)
+    }
+
+    #[test]
+    fn numpy_special_values() {
+        let f = |op, xs: &[f64]| eval(op, xs);
+        let log = f(UnaryOp::Log, &[0.0, -1.0, f64::INFINITY, 1.0]);
+        assert_eq!(log[0], f64::NEG_INFINITY);
+        assert!(log[1].is_nan());
+        assert_eq!((log[2], log[3]), (f64::INFINITY, 0.0));
+        assert!(f(UnaryOp::Sqrt, &[-1.0])[0].is_nan());
+        assert_eq!(f(UnaryOp::Exp, &[1000.0, f64::NEG_INFINITY]), [f64::INFINITY, 0.0]);
+        let relu = f(UnaryOp::Relu, &[f64::NAN, f64::NEG_INFINITY, -2.0, 3.0]);
+        assert!(relu[0].is_nan());
+        assert_eq!(&relu[1..], [0.0, 0.0, 3.0]);
+        assert_eq!(eval(UnaryOp::Abs, &[i32::MIN, -3])[..], [i32::MIN, 3]);
+        assert_eq!(eval(UnaryOp::Neg, &[i64::MIN, 5])[..], [i64::MIN, -5]);
+        assert_eq!(eval(UnaryOp::Relu, &[i32::MIN, 0, 9])[..], [0, 0, 9]);
+        for op in [UnaryOp::Sigmoid, UnaryOp::Tanh, UnaryOp::GeluErf, UnaryOp::GeluTanh, UnaryOp::Silu] {
+            assert!(f(op, &[f64::NAN])[0].is_nan(), "{op}(nan)");
+        }
+    }
+
+    #[test]
+    fn sigmoid_never_overflows() {
+        let xs = [-1e308, -1000.0, -100.0, 0.0, 100.0, 1000.0, 1e308, f64::INFINITY, f64::NEG_INFINITY];
+        let got = eval(UnaryOp::Sigmoid, &xs);
+        let want = [0.0, 0.0, 3.720_075_976_020_836e-44, 0.5, 1.0, 1.0, 1.0, 1.0, 0.0];
+        for (g, w) in got.iter().zip(want) {
+            assert!(close(*g, w, (1e-15, 0.0)), "{got:?}");
+        }
+        let got = eval(UnaryOp::Sigmoid, &[-100f32, -90.0, 90.0]);
+        assert!(got[0] > 0.0 && got[0] < 1e-40 && got[1] > 0.0, "{got:?}");
+        assert_eq!(got[2], 1.0);
+        let got = eval(UnaryOp::Silu, &[-1e4f32, 1e4]);
+        assert_eq!(got, [-0.0, 1e4]);
+        let got = eval(UnaryOp::Sigmoid, &[f16::from_f32(-20.0), f16::from_f32(20.0), f16::NEG_INFINITY]);
+        assert!(got[0].to_f32() >= 0.0 && got[0].to_f32() < 1e-7 && got[1].to_f32() == 1.0, "{got:?}");
+        assert_eq!(got[2].to_f32(), 0.0);
+    }
+
+    #[test]
+    fn gelu_erf_is_accurate_in_float64() {
+        // x * Phi(x), Phi from high-precision tables.
+        let table = [
+            (1.0, 0.841_344_746_068_542_9),
+            (-1.0, -0.158_655_253_931_457_05),
+            (0.5, 0.345_731_230_637_006_55),
+            (2.0, 1.954_499_736_103_642),
+            (-3.0, -0.004_049_694_094_890_284),
+            (-6.0, -5.919_525_870_226_189e-9),
+        ];
+        let xs: Vec<f64> = table.iter().map(|&(x, _)| x).collect();
+        for ((x, want), got) in table.iter().zip(eval(UnaryOp::GeluErf, &xs)) {
+            // In the tail the rounding of x / sqrt 2 alone is amplified ~2 x^2 times.
+            let rtol = if x.abs() > 2.5 { 1e-14 } else { 2e-15 };
+            assert!(((got - want) / want).abs() < rtol, "gelu({x}) = {got}, want {want}");
+        }
+        // Far left tail: erfc keeps relative accuracy where 1 + erf would round to 0.
+        let got = eval(UnaryOp::GeluErf, &[-10.0f64])[0];
+        assert!((got / -7.619_853_024_160_526e-23 - 1.0).abs() < 1e-13, "{got}");
+        let got = eval(UnaryOp::GeluTanh, &[1.0f64, -10.0])[..].to_vec();
+        assert!((got[0] - 0.841_191_990_608_276_7).abs() < 1e-15, "{got:?}");
+        assert!(got[1] < 0.0 && got[1] > -1e-6);
+    }
+
+    #[test]
+    fn result_dtypes() {
+        for op in UnaryOp::ALL {
+            for dt in [DType::F16, DType::F32, DType::F64] {
+                assert_eq!(unary_result_dtype(op, dt), dt);
+            }
+            let want = if op.keeps_int_dtype() { DType::I32 } else { DType::F64 };
+            assert_eq!(unary_result_dtype(op, DType::I32), want, "{op}");
+            assert_eq!(UnaryOp::from_name(op.name()), Some(op));
+        }
+    }
+
+    #[test]
+    fn argument_errors() {
+        let x = make(&[3], Layout::Contiguous, &[1.0f32, 2.0, 3.0]);
+        let out64 = alloc(DType::F64, &[3], Layout::Contiguous);
+        let out_wide = alloc(DType::F32, &[2, 4], Layout::Contiguous);
+        // SAFETY: the calls fail their checks before touching memory.
+        unsafe {
+            assert!(unary(UnaryOp::Exp, &x.view, &out64.view).unwrap_err().contains("float64"));
+            assert!(unary(UnaryOp::Exp, &x.view, &out_wide.view).unwrap_err().contains("(2, 4)"));
+            let repeated = broadcast::broadcast_view(&x.view, &[2, 3]);
+            assert!(unary(UnaryOp::Exp, &x.view, &repeated).unwrap_err().contains("stride-0"));
+        }
+    }
+}

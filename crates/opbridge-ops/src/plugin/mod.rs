@@ -1,0 +1,516 @@
+//! Operator libraries: shared objects that declare operators through the C ABI of
+//! `python/opbridge/include/opbridge/plugin.h`, loaded, listed and unloaded at run time.
+//!
+//! Three layers, as for every FFI in opbridge: [`sys`] declares the ABI, `result` turns status
+//! codes into errors and raw descriptors into validated copies, and this module is the safe API:
+//! [`Library::load`] registers a library's operators in the [`Registry`] (all or none), and
+//! [`Library::unload`] unregisters them, waits for calls in flight, and closes the library.
+//!
+//! Each load opens a private copy of the file (dlopen caches by path, so a rebuilt file at the
+//! same path would otherwise come back as the old code). Dropping a [`Library`] without
+//! unloading leaves its operators registered for the rest of the process.
+#![allow(unsafe_code)] // calls into the loaded library; every call site says why it holds.
+
+mod result;
+pub mod sys;
+
+use std::ffi::{c_char, c_int, c_void};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard};
+
+use opbridge_runtime::DType;
+
+use crate::error::{OpError, Result};
+use crate::registry::{Entry, Operator, Registry, Source};
+use crate::schema::{Attrs, Meta, Schema};
+use crate::view::TensorView;
+
+pub use result::{dtype_from_dl, dtype_to_dl};
+
+const RUNTIME_VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "\0");
+
+/// The open library shared by its operators. `None` once unloaded: a call through an operator
+/// looked up before the unload then fails cleanly instead of jumping into unmapped code.
+struct Handle {
+    path: PathBuf,
+    lib: RwLock<Option<libloading::Library>>,
+}
+
+impl Handle {
+    /// The library, kept open (and its code mapped) while the guard lives.
+    fn live(&self, schema: &Schema) -> Result<RwLockReadGuard<'_, Option<libloading::Library>>> {
+        let guard = self.lib.read().unwrap_or_else(|p| p.into_inner());
+        if guard.is_none() {
+            return Err(OpError::Unloaded {
+                name: schema.name.clone(),
+                version: schema.version,
+                path: self.path.display().to_string(),
+            });
+        }
+        Ok(guard)
+    }
+
+    /// Closes the library once no callback runs (the write lock waits for them).
+    fn close(&self) -> Result<()> {
+        let lib = self.lib.write().unwrap_or_else(|p| p.into_inner()).take();
+        match lib {
+            Some(lib) => lib.close().map_err(|e| plugin_error(&self.path, format!("closing failed: {e}"))),
+            None => Ok(()),
+        }
+    }
+}
+
+fn plugin_error(path: &Path, message: impl Into<String>) -> OpError {
+    OpError::Plugin { path: path.display().to_string(), message: message.into() }
+}
+
+/// An operator library loaded into the process, with the operators it registered.
+pub struct Library {
+    path: PathBuf,
+    name: Option<String>,
+    entries: Vec<Arc<Entry>>,
+    handle: Arc<Handle>,
+    registry: &'static Registry,
+}
+
+impl fmt::Debug for Library {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Library").field("path", &self.path).field("ops", &self.ops()).finish()
+    }
+}
+
+impl Library {
+    /// Loads the library at `path` and registers its operators in [`Registry::global`].
+    ///
+    /// Errors (and nothing stays registered or open): the file is missing or not a shared
+    /// library, it does not export `opbridge_plugin_init`, it speaks another ABI version, a
+    /// descriptor is malformed, or a name + version is registered already.
+    pub fn load(path: impl AsRef<Path>) -> Result<Library> {
+        Library::load_into(Registry::global(), path)
+    }
+
+    /// [`Library::load`] into another registry.
+    pub fn load_into(registry: &'static Registry, path: impl AsRef<Path>) -> Result<Library> {
+        let path = std::path::absolute(path.as_ref()).unwrap_or_else(|_| path.as_ref().to_path_buf());
+        if !path.exists() {
+            return Err(plugin_error(&path, "no such file"));
+        }
+        if !path.is_file() {
+            return Err(plugin_error(&path, "not a file"));
+        }
+        let lib = open_private_copy(&path)?;
+        // SAFETY: the symbol is declared by the ABI with this signature; a library that exports
+        // the name with another type breaks the ABI's contract, which loading it accepts.
+        let init: sys::OpbPluginInitFn = match unsafe { lib.get::<sys::OpbPluginInitFn>(sys::OPB_PLUGIN_INIT_SYMBOL) } {
+            Ok(symbol) => *symbol,
+            Err(_) => {
+                return Err(plugin_error(
+                    &path,
+                    "does not export `opbridge_plugin_init` (not an opbridge operator library)",
+                ))
+            }
+        };
+        let host = sys::OpbPluginHost {
+            abi_version: sys::OPBRIDGE_PLUGIN_ABI_VERSION,
+            reserved0: 0,
+            runtime_version: RUNTIME_VERSION.as_ptr().cast(),
+            reserved: [std::ptr::null_mut(); 4],
+        };
+        let mut info = sys::OpbPluginInfo::zeroed();
+        // SAFETY: `host` and `info` are valid for the call; the library is open.
+        let status = unsafe { init(&host, &mut info) };
+        let abi_mismatch = |theirs: u32| {
+            plugin_error(
+                &path,
+                format!(
+                    "ABI version mismatch: the library was built for plugin ABI {theirs}, this opbridge speaks {} \
+                     (rebuild it against opbridge.get_include())",
+                    sys::OPBRIDGE_PLUGIN_ABI_VERSION
+                ),
+            )
+        };
+        if info.abi_version != sys::OPBRIDGE_PLUGIN_ABI_VERSION {
+            return Err(abi_mismatch(info.abi_version));
+        }
+        if status != sys::OPB_OK {
+            // SAFETY: a library of our ABI version sets `error` to NULL or a C string.
+            let why = unsafe { result::init_error(info.error) }.unwrap_or_else(|| "no message".into());
+            return Err(plugin_error(&path, format!("opbridge_plugin_init failed with status {status}: {why}")));
+        }
+        // SAFETY: as above, `name` is NULL or a C string.
+        let name = unsafe { result::library_name(info.name) };
+        let n_ops =
+            usize::try_from(info.n_ops).ok().filter(|&n| (1..=sys::OPB_MAX_OPS as usize).contains(&n)).ok_or_else(
+                || plugin_error(&path, format!("n_ops is {}; expected 1 to {}", info.n_ops, sys::OPB_MAX_OPS)),
+            )?;
+        if info.ops.is_null() {
+            return Err(plugin_error(&path, format!("ops is NULL but n_ops is {n_ops}")));
+        }
+        // SAFETY: the library declares `n_ops` descriptors at `ops`, valid while it is open.
+        let descs = unsafe { std::slice::from_raw_parts(info.ops, n_ops) };
+        let mut specs: Vec<result::OpSpec> = Vec::with_capacity(n_ops);
+        for (i, desc) in descs.iter().enumerate() {
+            // SAFETY: the descriptor's pointers follow the header's rules (reads are bounded).
+            let spec = unsafe { result::validate(desc) }
+                .map_err(|message| plugin_error(&path, format!("malformed descriptor ops[{i}]: {message}")))?;
+            if specs.iter().any(|s| s.schema.name == spec.schema.name && s.schema.version == spec.schema.version) {
+                return Err(plugin_error(
+                    &path,
+                    format!("declares operator {:?} version {} twice", spec.schema.name, spec.schema.version),
+                ));
+            }
+            specs.push(spec);
+        }
+
+        let handle = Arc::new(Handle { path: path.clone(), lib: RwLock::new(Some(lib)) });
+        let mut library =
+            Library { path: path.clone(), name, entries: Vec::new(), handle: Arc::clone(&handle), registry };
+        for spec in specs {
+            let op = PluginOp::new(spec, Arc::clone(&handle));
+            match registry.register(Arc::new(op), Source::Library(path.clone())) {
+                Ok(entry) => library.entries.push(entry),
+                Err(error) => {
+                    // All or nothing: take back what this load registered (another thread may
+                    // have started calls already), then close.
+                    let _ = library.unload();
+                    return Err(match error {
+                        OpError::DuplicateOperator { name, version, existing } => plugin_error(
+                            &path,
+                            format!("operator {name:?} version {version} is already registered (from {existing})"),
+                        ),
+                        other => other,
+                    });
+                }
+            }
+        }
+        Ok(library)
+    }
+
+    /// The file this library was loaded from (absolute).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The name the library gave itself, if any.
+    pub fn name(&self) -> Option<&str> {
+        self.name.as_deref()
+    }
+
+    /// (name, version) of each operator it registered, in declaration order.
+    pub fn ops(&self) -> Vec<(String, u32)> {
+        self.entries.iter().map(|e| (e.schema().name.clone(), e.schema().version)).collect()
+    }
+
+    /// Unregisters the library's operators (new lookups fail at once), waits for the calls in
+    /// flight, then closes the library. A call through an operator looked up before the unload
+    /// fails with [`OpError::Unloaded`]. Blocks: release the GIL around it.
+    pub fn unload(self) -> Result<()> {
+        for entry in &self.entries {
+            let schema = entry.schema();
+            if let Ok(current) = self.registry.get(&schema.name, Some(schema.version)) {
+                if Arc::ptr_eq(&current, entry) {
+                    self.registry.unregister(&schema.name, schema.version);
+                }
+            }
+        }
+        for entry in &self.entries {
+            entry.wait_idle();
+        }
+        self.handle.close()
+    }
+}
+
+/// Copies the file to a private name and opens that copy, so that every load maps the file's
+/// current contents. On Unix the copy is deleted as soon as it is open (the mapping keeps it).
+fn open_private_copy(path: &Path) -> Result<libloading::Library> {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let dir = std::env::temp_dir().join("opbridge-plugins");
+    std::fs::create_dir_all(&dir).map_err(|e| plugin_error(path, format!("cannot create {}: {e}", dir.display())))?;
+    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "plugin".into());
+    let ext = path.extension().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "so".into());
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    let copy = dir.join(format!("{stem}-{}-{}-{nanos}.{ext}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed)));
+    std::fs::copy(path, &copy).map_err(|e| plugin_error(path, format!("cannot copy to {}: {e}", copy.display())))?;
+    let opened = open(&copy);
+    #[cfg(unix)]
+    let _ = std::fs::remove_file(&copy);
+    #[cfg(not(unix))]
+    if opened.is_err() {
+        let _ = std::fs::remove_file(&copy);
+    }
+    opened.map_err(|e| plugin_error(path, format!("not a loadable shared library: {e}")))
+}
+
+#[cfg(unix)]
+fn open(path: &Path) -> Result<libloading::Library, libloading::Error> {
+    use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
+    // SAFETY: loading runs the library's initializers; accepting that is what loading a plugin
+    // means. RTLD_NOW makes unresolved symbols an error here rather than a crash later.
+    unsafe { Library::open(Some(path), RTLD_NOW | RTLD_LOCAL) }.map(Into::into)
+}
+
+#[cfg(not(unix))]
+fn open(path: &Path) -> Result<libloading::Library, libloading::Error> {
+    // SAFETY: as above.
+    unsafe { libloading::Library::new(path) }
+}
+
+/// Attribute names as C pointers into the owning `OpSpec`'s `CString`s.
+struct NamePtrs(Vec<*const c_char>);
+
+// SAFETY: the pointers point into `CString`s owned by the same `PluginOp`, never written after
+// construction; sharing them between threads shares only immutable bytes.
+unsafe impl Send for NamePtrs {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for NamePtrs {}
+
+/// An operator of a loaded library: [`Operator`] by calling its C callbacks.
+struct PluginOp {
+    spec: result::OpSpec,
+    names: NamePtrs,
+    handle: Arc<Handle>,
+}
+
+impl PluginOp {
+    fn new(spec: result::OpSpec, handle: Arc<Handle>) -> PluginOp {
+        let names = NamePtrs(spec.attr_names.iter().map(|c| c.as_ptr()).collect());
+        PluginOp { spec, names, handle }
+    }
+
+    fn name(&self) -> &str {
+        &self.spec.schema.name
+    }
+
+    /// The call's attribute values in the C layout, in descriptor order.
+    fn c_attrs(&self, attrs: &Attrs) -> Result<Vec<sys::OpbAttrValue>> {
+        let specs = &self.spec.schema.attrs;
+        let mut values = Vec::with_capacity(specs.len());
+        for (spec, &kind) in specs.iter().zip(&self.spec.attr_kinds) {
+            let mut value = sys::OpbAttrValue { kind, ..Default::default() };
+            match kind {
+                sys::OPB_ATTR_INT => value.i = attrs.int(&spec.name)?,
+                sys::OPB_ATTR_BOOL => value.i = attrs.bool(&spec.name)? as i64,
+                _ => value.f = attrs.float(&spec.name)?,
+            }
+            values.push(value);
+        }
+        Ok(values)
+    }
+
+    fn attrs_struct(&self, values: &[sys::OpbAttrValue]) -> sys::OpbAttrs {
+        sys::OpbAttrs { count: values.len(), values: values.as_ptr(), names: self.names.0.as_ptr() }
+    }
+
+    fn metas(&self, inputs: &[Option<Meta>]) -> Result<Vec<sys::OpbMeta>> {
+        let schema = &self.spec.schema;
+        if inputs.len() != schema.inputs.len() {
+            return Err(OpError::Kernel {
+                op: self.name().into(),
+                message: format!("takes {} inputs, got {}", schema.inputs.len(), inputs.len()),
+            });
+        }
+        let mut metas = Vec::with_capacity(inputs.len());
+        for (spec, input) in schema.inputs.iter().zip(inputs) {
+            let Some(input) = input else {
+                return Err(OpError::Argument {
+                    op: result::intern(self.name()),
+                    message: format!("input {:?} is required", spec.name),
+                });
+            };
+            if !schema.dtypes.contains(&input.dtype) {
+                let names: Vec<&str> = schema.dtypes.iter().map(|d| d.name()).collect();
+                return Err(OpError::DType {
+                    op: result::intern(self.name()),
+                    expected: format!("{} of dtype {}", spec.name, names.join(", ")),
+                    got: input.dtype.to_string(),
+                });
+            }
+            metas.push(meta_to_c(self.name(), &spec.name, input.dtype, &input.shape)?);
+        }
+        Ok(metas)
+    }
+}
+
+fn meta_to_c(op: &str, input: &str, dtype: DType, shape: &[usize]) -> Result<sys::OpbMeta> {
+    if shape.len() > sys::OPB_MAX_NDIM {
+        return Err(OpError::Shape {
+            op: result::intern(op),
+            expected: format!("{input} with at most {} dimensions", sys::OPB_MAX_NDIM),
+            got: format!("shape {shape:?}"),
+        });
+    }
+    let mut meta = sys::OpbMeta { dtype: dtype_to_dl(dtype), ndim: shape.len() as i32, shape: [0; sys::OPB_MAX_NDIM] };
+    for (d, &s) in meta.shape.iter_mut().zip(shape) {
+        *d = s as i64;
+    }
+    Ok(meta)
+}
+
+impl fmt::Debug for PluginOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PluginOp({} v{} from {})", self.name(), self.spec.schema.version, self.handle.path.display())
+    }
+}
+
+impl Operator for PluginOp {
+    fn schema(&self) -> &Schema {
+        &self.spec.schema
+    }
+
+    fn infer(&self, inputs: &[Option<Meta>], attrs: &Attrs) -> Result<Vec<Meta>> {
+        let metas = self.metas(inputs)?;
+        let values = self.c_attrs(attrs)?;
+        let c_attrs = self.attrs_struct(&values);
+        let n_out = self.spec.schema.outputs.len();
+        let mut outputs = vec![sys::OpbMeta::default(); n_out];
+        let mut err = [0u8; result::ERR_LEN];
+        let status = {
+            let _open = self.handle.live(&self.spec.schema)?;
+            // SAFETY: the library is open while `_open` lives; every pointer is valid for the
+            // call with the lengths passed, and `err` has `ERR_LEN` bytes.
+            unsafe {
+                (self.spec.infer)(
+                    metas.as_ptr(),
+                    metas.len() as c_int,
+                    outputs.as_mut_ptr(),
+                    n_out as c_int,
+                    &c_attrs,
+                    err.as_mut_ptr().cast(),
+                    err.len(),
+                )
+            }
+        };
+        err[result::ERR_LEN - 1] = 0;
+        result::check(self.name(), status, &err)?;
+        let bad = |i: usize, what: String| OpError::Kernel {
+            op: self.name().into(),
+            message: format!("the shape function returned an invalid output {i}: {what}"),
+        };
+        outputs
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                let dtype = dtype_from_dl(m.dtype).ok_or_else(|| {
+                    bad(i, format!("dtype code {} bits {} lanes {}", m.dtype.code, m.dtype.bits, m.dtype.lanes))
+                })?;
+                let ndim = usize::try_from(m.ndim)
+                    .ok()
+                    .filter(|&n| n <= sys::OPB_MAX_NDIM)
+                    .ok_or_else(|| bad(i, format!("ndim {}", m.ndim)))?;
+                let shape = m.shape[..ndim]
+                    .iter()
+                    .map(|&d| usize::try_from(d).map_err(|_| bad(i, format!("shape {:?}", &m.shape[..ndim]))))
+                    .collect::<Result<Vec<usize>>>()?;
+                Ok(Meta { dtype, shape })
+            })
+            .collect()
+    }
+
+    fn run_cpu(&self, inputs: &[Option<TensorView>], outputs: &[TensorView], attrs: &Attrs) -> Result<()> {
+        let values = self.c_attrs(attrs)?;
+        let c_attrs = self.attrs_struct(&values);
+        let views: Vec<&TensorView> = inputs
+            .iter()
+            .map(|v| {
+                v.as_ref().ok_or_else(|| OpError::Kernel { op: self.name().into(), message: "missing input".into() })
+            })
+            .collect::<Result<_>>()?;
+        // Shapes and strides of all tensors in one buffer, then DLTensors pointing into it.
+        let dims: usize = views.iter().map(|v| v.ndim()).chain(outputs.iter().map(TensorView::ndim)).sum();
+        let mut extents: Vec<i64> = Vec::with_capacity(2 * dims);
+        for v in views.iter().copied().chain(outputs) {
+            extents.extend(v.shape.iter().map(|&s| s as i64));
+            extents.extend(v.strides.iter().map(|&s| s as i64));
+        }
+        let base = extents.as_mut_ptr();
+        let mut at = 0usize;
+        let mut dl = |v: &TensorView| {
+            let n = v.ndim();
+            // SAFETY: `at + 2n <= extents.len()`: the loop above laid out exactly these entries.
+            let (shape, strides) = unsafe { (base.add(at), base.add(at + n)) };
+            at += 2 * n;
+            sys::DLTensor {
+                data: v.data as *mut c_void,
+                device: sys::DLDevice { device_type: sys::kDLCPU, device_id: 0 },
+                ndim: n as i32,
+                dtype: dtype_to_dl(v.dtype),
+                shape,
+                strides,
+                byte_offset: 0,
+            }
+        };
+        let c_inputs: Vec<sys::DLTensor> = views.iter().map(|v| dl(v)).collect();
+        let mut c_outputs: Vec<sys::DLTensor> = outputs.iter().map(dl).collect();
+        let mut err = [0u8; result::ERR_LEN];
+
+        let _open = self.handle.live(&self.spec.schema)?;
+        let workspace = match self.spec.workspace {
+            None => Workspace::none(),
+            Some(size_fn) => {
+                let metas: Vec<sys::OpbMeta> = views
+                    .iter()
+                    .zip(&self.spec.schema.inputs)
+                    .map(|(v, spec)| meta_to_c(self.name(), &spec.name, v.dtype, &v.shape))
+                    .collect::<Result<_>>()?;
+                // SAFETY: the library is open while `_open` lives; pointers valid for the call.
+                let bytes = unsafe { size_fn(metas.as_ptr(), metas.len() as c_int, &c_attrs) };
+                Workspace::new(bytes).ok_or_else(|| OpError::Kernel {
+                    op: self.name().into(),
+                    message: format!("cannot allocate a workspace of {bytes} bytes"),
+                })?
+            }
+        };
+        // SAFETY: the library is open while `_open` lives. The views describe memory valid for
+        // the kernel (the registry's contract), the DLTensors' shape/stride pointers point into
+        // `extents`, alive until the call returns; the workspace has the size asked for.
+        let status = unsafe {
+            (self.spec.kernel)(
+                c_inputs.as_ptr(),
+                c_inputs.len() as c_int,
+                c_outputs.as_mut_ptr(),
+                c_outputs.len() as c_int,
+                &c_attrs,
+                std::ptr::null_mut(),
+                workspace.ptr,
+                err.as_mut_ptr().cast(),
+                err.len(),
+            )
+        };
+        drop(extents);
+        err[result::ERR_LEN - 1] = 0;
+        result::check(self.name(), status, &err)
+    }
+}
+
+/// Scratch memory for one kernel call, 64-byte aligned.
+struct Workspace {
+    ptr: *mut c_void,
+    layout: Option<std::alloc::Layout>,
+}
+
+impl Workspace {
+    fn none() -> Workspace {
+        Workspace { ptr: std::ptr::null_mut(), layout: None }
+    }
+
+    fn new(bytes: usize) -> Option<Workspace> {
+        if bytes == 0 {
+            return Some(Workspace::none());
+        }
+        let layout = std::alloc::Layout::from_size_align(bytes, 64).ok()?;
+        // SAFETY: `layout` has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc(layout) };
+        (!ptr.is_null()).then_some(Workspace { ptr: ptr.cast(), layout: Some(layout) })
+    }
+}
+
+impl Drop for Workspace {
+    fn drop(&mut self) {
+        if let Some(layout) = self.layout {
+            // SAFETY: allocated in `new` with this layout.
+            unsafe { std::alloc::dealloc(self.ptr.cast(), layout) };
+        }
+    }
+}

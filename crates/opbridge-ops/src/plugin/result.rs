@@ -1,0 +1,338 @@
+//! The thin layer over `sys`: status codes and error buffers become [`OpError`]s, and raw operator
+//! descriptors become validated, owned [`OpSpec`]s (or a message saying what is wrong).
+
+use std::collections::HashSet;
+use std::ffi::{c_char, c_int, CString};
+use std::sync::{Mutex, OnceLock};
+
+use opbridge_runtime::DType;
+
+use super::sys;
+use crate::error::OpError;
+use crate::schema::{AttrSpec, AttrValue, InputSpec, Schema};
+
+/// Bytes of the message buffer every callback receives.
+pub const ERR_LEN: usize = 1024;
+
+/// Longest docstring read from a descriptor.
+const MAX_DOC: usize = 64 * 1024;
+
+/// The message a callback left in its buffer (up to the first NUL), or a stand-in.
+pub fn message(buf: &[u8; ERR_LEN], status: c_int) -> String {
+    let len = buf.iter().position(|&b| b == 0).unwrap_or(ERR_LEN);
+    let text = String::from_utf8_lossy(&buf[..len]).trim().to_string();
+    if text.is_empty() {
+        format!("failed with status {status} and no message")
+    } else {
+        text
+    }
+}
+
+/// Operator names for error variants that carry a `&'static str`: each distinct name is leaked
+/// once per process, however often libraries are loaded.
+pub fn intern(name: &str) -> &'static str {
+    static NAMES: OnceLock<Mutex<HashSet<&'static str>>> = OnceLock::new();
+    let mut names = NAMES.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(&known) = names.get(name) {
+        return known;
+    }
+    let leaked: &'static str = Box::leak(name.to_string().into_boxed_str());
+    names.insert(leaked);
+    leaked
+}
+
+/// A callback's status as a result: `OpbStatus` codes map to the error kinds of built-in ops.
+pub fn check(op: &str, status: c_int, buf: &[u8; ERR_LEN]) -> Result<(), OpError> {
+    if status == sys::OPB_OK {
+        return Ok(());
+    }
+    let full = message(buf, status);
+    // Messages often start with the op's name, which the error's text adds already.
+    let message =
+        full.strip_prefix(op).and_then(|m| m.strip_prefix(':')).map_or(full.clone(), |m| m.trim().to_string());
+    Err(match status {
+        sys::OPB_ERR_INVALID_ARGUMENT => OpError::Argument { op: intern(op), message },
+        sys::OPB_ERR_SHAPE => {
+            OpError::Shape { op: intern(op), expected: "shapes the operator accepts".into(), got: message }
+        }
+        sys::OPB_ERR_DTYPE => {
+            OpError::DType { op: intern(op), expected: "dtypes the operator accepts".into(), got: message }
+        }
+        _ => OpError::Kernel { op: op.to_string(), message },
+    })
+}
+
+/// The runtime dtype of a DLPack type, if opbridge has it.
+pub fn dtype_from_dl(t: sys::DLDataType) -> Option<DType> {
+    if t.lanes != 1 {
+        return None;
+    }
+    Some(match (t.code, t.bits) {
+        (sys::kDLFloat, 16) => DType::F16,
+        (sys::kDLFloat, 32) => DType::F32,
+        (sys::kDLFloat, 64) => DType::F64,
+        (sys::kDLInt, 32) => DType::I32,
+        (sys::kDLInt, 64) => DType::I64,
+        _ => return None,
+    })
+}
+
+pub fn dtype_to_dl(dtype: DType) -> sys::DLDataType {
+    let (code, bits) = match dtype {
+        DType::F16 => (sys::kDLFloat, 16),
+        DType::F32 => (sys::kDLFloat, 32),
+        DType::F64 => (sys::kDLFloat, 64),
+        DType::I32 => (sys::kDLInt, 32),
+        DType::I64 => (sys::kDLInt, 64),
+    };
+    sys::DLDataType { code, bits, lanes: 1 }
+}
+
+/// One validated operator descriptor, copied out of the library (only the callbacks still point
+/// into it).
+#[derive(Debug)]
+pub struct OpSpec {
+    pub schema: Schema,
+    /// `OpbAttrKind` of each attribute, in schema order.
+    pub attr_kinds: Vec<i32>,
+    /// Attribute names as C strings, in schema order (what `OpbAttrs.names` points at).
+    pub attr_names: Vec<CString>,
+    pub infer: sys::OpbInferFn,
+    pub kernel: sys::OpbKernelFn,
+    pub workspace: Option<sys::OpbWorkspaceFn>,
+}
+
+/// Reads a NUL-terminated string of at most `max` bytes without reading past its terminator.
+///
+/// # Safety
+/// `ptr` is null or points at readable bytes up to a NUL or `max + 1` bytes, whichever is first.
+unsafe fn read_c_str(ptr: *const c_char, max: usize, what: &str) -> Result<Option<String>, String> {
+    if ptr.is_null() {
+        return Ok(None);
+    }
+    let mut len = 0;
+    // SAFETY: the caller guarantees the bytes up to the terminator (or `max + 1`) are readable;
+    // we stop at the first NUL or after `max + 1` bytes.
+    while unsafe { *ptr.add(len) } != 0 {
+        len += 1;
+        if len > max {
+            return Err(format!("{what} is longer than {max} bytes (or not NUL-terminated)"));
+        }
+    }
+    // SAFETY: `len` bytes were just read, all non-NUL.
+    let bytes = unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), len) };
+    std::str::from_utf8(bytes).map(|s| Some(s.to_string())).map_err(|_| format!("{what} is not UTF-8"))
+}
+
+fn is_identifier(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// A required identifier (operator, input, output or attribute name).
+///
+/// # Safety
+/// As [`read_c_str`].
+unsafe fn read_name(ptr: *const c_char, what: &str) -> Result<String, String> {
+    // SAFETY: forwarded to the caller.
+    let name = unsafe { read_c_str(ptr, sys::OPB_MAX_NAME, what) }?.ok_or_else(|| format!("{what} is NULL"))?;
+    if !is_identifier(&name) {
+        return Err(format!("{what} {name:?} is not an identifier ([A-Za-z_][A-Za-z0-9_]*)"));
+    }
+    Ok(name)
+}
+
+/// A count in `0..=max` (or `1..=max` where `min` is 1).
+fn count(n: i32, min: i32, max: i32, what: &str) -> Result<usize, String> {
+    if n < min || n > max {
+        return Err(format!("{what} is {n}; expected {min} to {max}"));
+    }
+    Ok(n as usize)
+}
+
+/// A descriptor array of `n` elements: `ptr` may be null only when `n` is 0.
+///
+/// # Safety
+/// A non-null `ptr` points at `n` valid `T`s.
+unsafe fn array<'a, T>(ptr: *const T, n: usize, what: &str) -> Result<&'a [T], String> {
+    match (ptr.is_null(), n) {
+        (_, 0) => Ok(&[]),
+        (true, _) => Err(format!("{what} is NULL but {n} are declared")),
+        // SAFETY: forwarded to the caller.
+        (false, _) => Ok(unsafe { std::slice::from_raw_parts(ptr, n) }),
+    }
+}
+
+/// Names from an optional array of `n` C strings, or `default(i)` when the array is NULL.
+///
+/// # Safety
+/// A non-null `ptr` points at `n` pointers, each valid for [`read_c_str`].
+unsafe fn names(
+    ptr: *const *const c_char,
+    n: usize,
+    what: &str,
+    default: impl Fn(usize) -> String,
+) -> Result<Vec<String>, String> {
+    if ptr.is_null() {
+        return Ok((0..n).map(default).collect());
+    }
+    // SAFETY: forwarded to the caller.
+    let ptrs = unsafe { array(ptr, n, what) }?;
+    let mut out = Vec::with_capacity(n);
+    for (i, &p) in ptrs.iter().enumerate() {
+        // SAFETY: forwarded to the caller.
+        out.push(unsafe { read_name(p, &format!("{what}[{i}]")) }?);
+    }
+    Ok(out)
+}
+
+/// Validates one descriptor and copies what it declares. The error says what is wrong, without
+/// the library's path (the caller adds it).
+///
+/// # Safety
+/// Every non-null pointer in `desc` points at what the header says it does (strings may be
+/// unterminated: reads stop at the documented limits). Counts are checked before arrays are read.
+pub unsafe fn validate(desc: &sys::OpbOpDesc) -> Result<OpSpec, String> {
+    // SAFETY: the caller vouches for the pointers; counts were checked above.
+    let name = unsafe { read_name(desc.name, "operator name") }?;
+    let fail = |message: String| format!("operator {name:?}: {message}");
+    if desc.version == 0 {
+        return Err(fail("version is 0; versions start at 1".into()));
+    }
+    // SAFETY: the caller vouches for the pointers; counts were checked above.
+    let doc = unsafe { read_c_str(desc.doc, MAX_DOC, "doc") }.map_err(fail)?.unwrap_or_default();
+    let n_in = count(desc.n_inputs, 0, sys::OPB_MAX_INPUTS, "n_inputs").map_err(fail)?;
+    let n_out = count(desc.n_outputs, 1, sys::OPB_MAX_OUTPUTS, "n_outputs").map_err(fail)?;
+    let n_attrs = count(desc.n_attrs, 0, sys::OPB_MAX_ATTRS, "n_attrs").map_err(fail)?;
+    let n_dtypes = count(desc.n_dtypes, 1, 64, "n_dtypes").map_err(fail)?;
+    // SAFETY: the caller vouches for the pointers; counts were checked above.
+    let inputs = unsafe { names(desc.input_names, n_in, "input_names", |i| format!("x{i}")) }.map_err(fail)?;
+    // SAFETY: the caller vouches for the pointers; counts were checked above.
+    let outputs = unsafe {
+        names(desc.output_names, n_out, "output_names", |i| if i == 0 { "out".into() } else { format!("out{i}") })
+    }
+    .map_err(fail)?;
+
+    let mut dtypes = Vec::new();
+    // SAFETY: the caller vouches for the pointers; counts were checked above.
+    for (i, &t) in unsafe { array(desc.dtypes, n_dtypes, "dtypes") }.map_err(fail)?.iter().enumerate() {
+        let dtype = dtype_from_dl(t).ok_or_else(|| {
+            fail(format!(
+                "dtypes[{i}] (code {}, bits {}, lanes {}) is not one of float16, float32, float64, int32, int64",
+                t.code, t.bits, t.lanes
+            ))
+        })?;
+        if !dtypes.contains(&dtype) {
+            dtypes.push(dtype);
+        }
+    }
+
+    let mut attrs = Vec::with_capacity(n_attrs);
+    let mut attr_kinds = Vec::with_capacity(n_attrs);
+    // SAFETY: the caller vouches for the pointers; counts were checked above.
+    for (i, a) in unsafe { array(desc.attrs, n_attrs, "attrs") }.map_err(fail)?.iter().enumerate() {
+        // SAFETY: the caller vouches for the pointers; counts were checked above.
+        let attr_name = unsafe { read_name(a.name, &format!("attrs[{i}].name")) }.map_err(fail)?;
+        let default = match a.kind {
+            sys::OPB_ATTR_INT => AttrValue::Int(a.default_int),
+            sys::OPB_ATTR_FLOAT => AttrValue::Float(a.default_float),
+            sys::OPB_ATTR_BOOL => AttrValue::Bool(a.default_int != 0),
+            kind => {
+                return Err(fail(format!(
+                    "attribute {attr_name:?} has kind {kind}; expected 0 (int), 1 (float) or 2 (bool)"
+                )))
+            }
+        };
+        // SAFETY: the caller vouches for the pointers; counts were checked above.
+        let doc = unsafe { read_c_str(a.doc, MAX_DOC, "attribute doc") }.map_err(fail)?.unwrap_or_default();
+        attrs.push(AttrSpec { name: attr_name, default: (a.required == 0).then_some(default), doc });
+        attr_kinds.push(a.kind);
+    }
+
+    let mut seen = HashSet::new();
+    for n in inputs.iter().chain(&outputs).chain(attrs.iter().map(|a| &a.name)) {
+        if !seen.insert(n.as_str()) {
+            return Err(fail(format!("the name {n:?} is used twice among inputs, outputs and attributes")));
+        }
+    }
+    if inputs.iter().chain(attrs.iter().map(|a| &a.name)).any(|n| n == "out") {
+        return Err(fail("an input or attribute may not be called \"out\" (the output keyword)".into()));
+    }
+
+    let infer = desc.infer.ok_or_else(|| fail("no shape function (infer is NULL)".into()))?;
+    let kernel = desc.cpu_kernel.ok_or_else(|| fail("no CPU kernel (cpu_kernel is NULL)".into()))?;
+    if desc.reserved.iter().any(|p| !p.is_null()) {
+        return Err(fail("reserved fields must be NULL in ABI version 1".into()));
+    }
+    let attr_names = attrs.iter().map(|a| CString::new(a.name.as_str()).expect("identifiers have no NUL")).collect();
+    Ok(OpSpec {
+        schema: Schema {
+            name,
+            version: desc.version,
+            doc: doc.trim().to_string(),
+            inputs: inputs.into_iter().map(|name| InputSpec { name, optional: false }).collect(),
+            outputs,
+            attrs,
+            dtypes,
+        },
+        attr_kinds,
+        attr_names,
+        infer,
+        kernel,
+        workspace: desc.workspace_size,
+    })
+}
+
+/// The library's optional name from `OpbPluginInfo`.
+///
+/// # Safety
+/// As [`read_c_str`].
+pub unsafe fn library_name(ptr: *const c_char) -> Option<String> {
+    // SAFETY: forwarded to the caller.
+    unsafe { read_c_str(ptr, sys::OPB_MAX_NAME, "name") }.ok().flatten()
+}
+
+/// The message of a failed init (`OpbPluginInfo.error`), if any.
+///
+/// # Safety
+/// As [`read_c_str`].
+pub unsafe fn init_error(ptr: *const c_char) -> Option<String> {
+    // SAFETY: forwarded to the caller.
+    unsafe { read_c_str(ptr, 4096, "error") }.ok().flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_map_to_error_kinds() {
+        let mut buf = [0u8; ERR_LEN];
+        buf[..5].copy_from_slice(b"boom\0");
+        assert!(check("op", 0, &buf).is_ok());
+        assert!(matches!(check("op", 1, &buf), Err(OpError::Argument { .. })));
+        assert!(matches!(check("op", 2, &buf), Err(OpError::Shape { .. })));
+        assert!(matches!(check("op", 3, &buf), Err(OpError::DType { .. })));
+        assert!(matches!(check("op", 5, &buf), Err(OpError::Kernel { ref message, .. }) if message == "boom"));
+        buf[..9].copy_from_slice(b"op: boom\0");
+        assert_eq!(check("op", 1, &buf).unwrap_err().to_string(), "op: boom");
+        assert!(matches!(check("op", -7, &buf), Err(OpError::Kernel { .. })));
+        let empty = [0u8; ERR_LEN];
+        assert!(check("op", 9, &empty).unwrap_err().to_string().contains("status 9"));
+    }
+
+    #[test]
+    fn interned_names_are_shared() {
+        assert!(std::ptr::eq(intern("scale_add"), intern("scale_add")));
+    }
+
+    #[test]
+    fn dtypes_round_trip() {
+        for dtype in DType::ALL {
+            assert_eq!(dtype_from_dl(dtype_to_dl(dtype)), Some(dtype));
+        }
+        assert_eq!(dtype_from_dl(sys::DLDataType { code: sys::kDLUInt, bits: 8, lanes: 1 }), None);
+        assert_eq!(dtype_from_dl(sys::DLDataType { code: sys::kDLFloat, bits: 32, lanes: 4 }), None);
+    }
+}

@@ -1,0 +1,434 @@
+//! The plugin loader against real shared libraries, built from C sources with the system
+//! compiler (`cc`, or `$CC`): ABI layout, validation at load time (each error leaves nothing
+//! registered), calls, kernel errors, unload under concurrent calls, reload of a rebuilt file.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use opbridge_ops::plugin::{sys, Library};
+use opbridge_ops::{AttrValue, Meta, OpError, Registry, Source, TensorView};
+use opbridge_runtime::DType;
+
+fn include_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../python/opbridge/include")
+}
+
+fn scratch_dir() -> PathBuf {
+    static SEQ: AtomicUsize = AtomicUsize::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "opbridge-plugin-test-{}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn compiler() -> String {
+    std::env::var("CC").unwrap_or_else(|_| "cc".into())
+}
+
+/// Compiles C `source` into `out` with `args` (e.g. `-shared`), panicking with the compiler's
+/// message on failure.
+fn compile(source: &str, out: &Path, args: &[&str]) {
+    let src = out.with_extension("c");
+    std::fs::write(&src, source).unwrap();
+    let output = Command::new(compiler())
+        .args(["-O1", "-fPIC", "-Wall", "-I"])
+        .arg(include_dir())
+        .args(args)
+        .arg(&src)
+        .arg("-o")
+        .arg(out)
+        .output()
+        .expect("a C compiler (cc or $CC) is needed by the plugin tests");
+    assert!(output.status.success(), "cc failed:\n{}", String::from_utf8_lossy(&output.stderr));
+}
+
+fn shared_library(source: &str, name: &str) -> PathBuf {
+    let path = scratch_dir().join(format!("lib{name}.so"));
+    compile(source, &path, &["-shared"]);
+    path
+}
+
+/// A library with one operator `name` v`version`: `out = a + k` (float32, `k` an int attribute
+/// default `bias`); `extra` is spliced into the descriptor (designated initializers) and `init`
+/// replaces the entry point's body.
+fn fixture(name: &str, version: u32, bias: i32, extra: &str, init: Option<&str>) -> String {
+    let init = init.unwrap_or(
+        "info->abi_version = OPBRIDGE_PLUGIN_ABI_VERSION;
+         if (host->abi_version != OPBRIDGE_PLUGIN_ABI_VERSION) return OPB_ERR_ABI_MISMATCH;
+         info->n_ops = 1; info->ops = ops; return OPB_OK;",
+    );
+    format!(
+        r#"
+#include <opbridge/plugin.h>
+#include <unistd.h>
+static int infer(const OpbMeta *in, int n_in, OpbMeta *out, int n_out, const OpbAttrs *attrs, char *err, size_t len) {{
+  (void)n_in; (void)n_out; (void)attrs;
+  if (in[0].ndim != 1) return opb_fail(err, len, OPB_ERR_SHAPE, "{name}: 1-D input expected");
+  out[0] = in[0];
+  return OPB_OK;
+}}
+static int kernel(const DLTensor *in, int n_in, DLTensor *out, int n_out, const OpbAttrs *attrs,
+                  void *stream, void *ws, char *err, size_t len) {{
+  (void)n_in; (void)n_out; (void)stream; (void)ws;
+  long long k = opb_attr(attrs, "k")->i;
+  if (k < 0) return opb_fail(err, len, OPB_ERR_INVALID_ARGUMENT, "{name}: k must not be negative");
+  if (k == 99) return opb_fail(err, len, OPB_ERR_FAILED, "{name}: k = 99 is a kernel failure");
+  if (opb_attr(attrs, "slow")->i) usleep(300000);
+  const float *a = (const float *)in[0].data;
+  float *o = (float *)out[0].data;
+  for (int64_t i = 0; i < out[0].shape[0]; i++) o[i] = a[i * in[0].strides[0]] + (float)k;
+  return OPB_OK;
+}}
+static const char *const inputs[] = {{"a"}};
+static const DLDataType dtypes[] = {{OPB_FLOAT32}};
+static const OpbAttrDesc attrs[] = {{
+  {{"k", OPB_ATTR_INT, 0, {bias}, 0.0, "added to every element"}},
+  {{"slow", OPB_ATTR_BOOL, 0, 0, 0.0, "sleep 300 ms in the kernel"}},
+}};
+static OpbOpDesc ops[] = {{{{
+  .name = "{name}", .version = {version}, .doc = "a + k", .n_inputs = 1, .input_names = inputs,
+  .n_outputs = 1, .n_attrs = 2, .attrs = attrs, .n_dtypes = 1, .dtypes = dtypes,
+  .infer = infer, .cpu_kernel = kernel, {extra}
+}}}};
+OPB_EXPORT int opbridge_plugin_init(const OpbPluginHost *host, OpbPluginInfo *info) {{
+  {init}
+}}
+"#
+    )
+}
+
+fn load_err(path: &Path) -> String {
+    match Library::load(path) {
+        Ok(lib) => panic!("{} loaded: {:?}", path.display(), lib.ops()),
+        Err(error) => {
+            assert!(matches!(error, OpError::Plugin { .. }), "{error:?}");
+            error.to_string()
+        }
+    }
+}
+
+fn registered(name: &str) -> bool {
+    Registry::global().get(name, None).is_ok()
+}
+
+/// Calls `name` (latest or `version`) on a float32 vector through the registry, as the bindings do.
+fn call(name: &str, version: Option<u32>, a: &[f32], attrs: &[(&str, AttrValue)]) -> Result<Vec<f32>, OpError> {
+    let entry = Registry::global().get(name, version)?;
+    let _guard = entry.enter();
+    call_entry(&entry, a, attrs)
+}
+
+fn call_entry(entry: &opbridge_ops::Entry, a: &[f32], attrs: &[(&str, AttrValue)]) -> Result<Vec<f32>, OpError> {
+    let attrs = entry.schema().bind_attrs(attrs.iter().map(|(n, v)| (n.to_string(), v.clone())).collect())?;
+    let metas = entry.op.infer(&[Some(Meta::new(DType::F32, &[a.len()]))], &attrs)?;
+    assert_eq!(metas, vec![Meta::new(DType::F32, &[a.len()])]);
+    let mut out = vec![0f32; a.len()];
+    let input = TensorView::contiguous(a.as_ptr() as usize, DType::F32, &[a.len()]);
+    let output = TensorView::contiguous(out.as_mut_ptr() as usize, DType::F32, &[a.len()]);
+    entry.op.run_cpu(&[Some(input)], &[output], &attrs)?;
+    Ok(out)
+}
+
+#[test]
+fn rust_declarations_match_the_header() {
+    let mut program =
+        String::from("#include <stdio.h>\n#include <stddef.h>\n#include <opbridge/plugin.h>\nint main(void) {\n");
+    for (ty, field, _) in sys::layout() {
+        if field == "sizeof" {
+            program += &format!("  printf(\"{ty} sizeof %zu\\n\", sizeof({ty}));\n");
+        } else {
+            program += &format!("  printf(\"{ty} {field} %zu\\n\", offsetof({ty}, {field}));\n");
+        }
+    }
+    program += "  return 0;\n}\n";
+    let exe = scratch_dir().join("layout");
+    compile(&program, &exe, &[]);
+    let output = Command::new(&exe).output().unwrap();
+    let printed = String::from_utf8(output.stdout).unwrap();
+    let expected: String = sys::layout().iter().map(|(ty, field, n)| format!("{ty} {field} {n}\n")).collect();
+    assert_eq!(printed, expected);
+}
+
+#[test]
+fn header_compiles_as_c_and_beside_a_users_dlpack() {
+    // A user's own dlpack.h included first: the header's copy steps aside.
+    let dir = scratch_dir();
+    std::fs::create_dir_all(dir.join("dlpack")).unwrap();
+    std::fs::write(
+        dir.join("dlpack/dlpack.h"),
+        "#ifndef DLPACK_DLPACK_H_\n#define DLPACK_DLPACK_H_\n#include <stdint.h>\n#define DLPACK_MAJOR_VERSION 1\n\
+         typedef enum { kDLCPU = 1 } DLDeviceType;\ntypedef struct { DLDeviceType device_type; int32_t device_id; } DLDevice;\n\
+         typedef enum { kDLInt = 0U, kDLUInt = 1U, kDLFloat = 2U } DLDataTypeCode;\n\
+         typedef struct { uint8_t code; uint8_t bits; uint16_t lanes; } DLDataType;\n\
+         typedef struct { void *data; DLDevice device; int32_t ndim; DLDataType dtype; int64_t *shape; int64_t *strides; uint64_t byte_offset; } DLTensor;\n#endif\n",
+    )
+    .unwrap();
+    let source = format!("#include <dlpack/dlpack.h>\n{}", fixture("dlpack_first", 1, 0, "", None));
+    let out = dir.join("libdlpack_first.so");
+    compile(&source, &out, &["-shared", "-Werror", "-I", dir.to_str().unwrap()]);
+}
+
+#[test]
+fn the_c_example_registers_both_versions_and_computes() {
+    let source =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/plugins/c/scale_add.c"))
+            .unwrap();
+    let path = shared_library(&source, "scale_add_example");
+    let lib = Library::load(&path).unwrap();
+    assert_eq!(lib.ops(), vec![("scale_add".to_string(), 1), ("scale_add".to_string(), 2)]);
+    assert_eq!(lib.name(), Some("scale_add_c"));
+    let v2 = Registry::global().get("scale_add", None).unwrap();
+    assert_eq!(v2.schema().version, 2);
+    assert_eq!(v2.source, Source::Library(path.clone()));
+    assert_eq!(v2.schema().signature(), "scale_add(a, b, *, alpha=1.0, beta=1.0, out=None)");
+    assert_eq!(v2.schema().dtypes, vec![DType::F32, DType::F64]);
+
+    // float64, strided `a` (every other element of a buffer).
+    let a_buf: Vec<f64> = (0..8).map(f64::from).collect();
+    let b: Vec<f64> = vec![1.0; 4];
+    let mut out = vec![0f64; 4];
+    let a = TensorView { data: a_buf.as_ptr() as usize, dtype: DType::F64, shape: vec![4], strides: vec![2] };
+    let bv = TensorView::contiguous(b.as_ptr() as usize, DType::F64, &[4]);
+    let ov = TensorView::contiguous(out.as_mut_ptr() as usize, DType::F64, &[4]);
+    for (version, attrs, want) in [
+        (1, vec![("alpha".to_string(), AttrValue::Float(2.0))], [1.0, 5.0, 9.0, 13.0]),
+        (
+            2,
+            vec![("alpha".to_string(), AttrValue::Float(2.0)), ("beta".to_string(), AttrValue::Float(-1.0))],
+            [-1.0, 3.0, 7.0, 11.0],
+        ),
+    ] {
+        let entry = Registry::global().get("scale_add", Some(version)).unwrap();
+        let attrs = entry.schema().bind_attrs(attrs).unwrap();
+        let metas =
+            entry.op.infer(&[Some(Meta::new(DType::F64, &[4])), Some(Meta::new(DType::F64, &[4]))], &attrs).unwrap();
+        assert_eq!(metas, vec![Meta::new(DType::F64, &[4])]);
+        entry.op.run_cpu(&[Some(a.clone()), Some(bv.clone())], std::slice::from_ref(&ov), &attrs).unwrap();
+        assert_eq!(out, want, "v{version}");
+    }
+
+    // Errors of the shape function are typed.
+    let attrs = v2.schema().bind_attrs(vec![]).unwrap();
+    let shape = v2.op.infer(&[Some(Meta::new(DType::F64, &[4])), Some(Meta::new(DType::F64, &[5]))], &attrs);
+    assert!(matches!(shape, Err(OpError::Shape { .. })), "{shape:?}");
+    let dtype = v2.op.infer(&[Some(Meta::new(DType::F32, &[4])), Some(Meta::new(DType::F64, &[4]))], &attrs);
+    assert!(matches!(dtype, Err(OpError::DType { .. })), "{dtype:?}");
+    // dtypes outside the descriptor's list are refused before the plugin sees them.
+    let int = v2.op.infer(&[Some(Meta::new(DType::I32, &[4])), Some(Meta::new(DType::I32, &[4]))], &attrs);
+    assert!(matches!(int, Err(OpError::DType { .. })), "{int:?}");
+
+    // A second load of the same operators is refused and leaves the first intact.
+    let again = load_err(&path);
+    assert!(again.contains("\"scale_add\" version 1 is already registered"), "{again}");
+    assert!(registered("scale_add"));
+
+    lib.unload().unwrap();
+    assert!(!registered("scale_add"));
+}
+
+#[test]
+fn calls_attributes_and_kernel_errors() {
+    let lib = Library::load(shared_library(&fixture("plug_add", 1, 10, "", None), "plug_add")).unwrap();
+    assert_eq!(call("plug_add", None, &[1.0, 2.0], &[]).unwrap(), vec![11.0, 12.0]);
+    assert_eq!(call("plug_add", Some(1), &[1.0, 2.0], &[("k", AttrValue::Int(1))]).unwrap(), vec![2.0, 3.0]);
+    let negative = call("plug_add", None, &[1.0], &[("k", AttrValue::Int(-1))]).unwrap_err();
+    assert!(matches!(&negative, OpError::Argument { message, .. } if message.contains("k must not be negative")));
+    let failed = call("plug_add", None, &[1.0], &[("k", AttrValue::Int(99))]).unwrap_err();
+    assert!(
+        matches!(&failed, OpError::Kernel { op, message } if op == "plug_add" && message.contains("kernel failure"))
+    );
+    let wrong_kind = call("plug_add", None, &[1.0], &[("k", AttrValue::Float(0.5))]).unwrap_err();
+    assert!(matches!(wrong_kind, OpError::Argument { .. }), "{wrong_kind:?}");
+    lib.unload().unwrap();
+}
+
+#[test]
+fn not_a_library_is_an_error() {
+    let dir = scratch_dir();
+    let text = dir.join("libnot_a_library.so");
+    std::fs::write(&text, "this is not an ELF file").unwrap();
+    assert!(load_err(&text).contains("not a loadable shared library"));
+    assert!(load_err(&dir.join("missing.so")).contains("no such file"));
+    assert!(load_err(&dir).contains("not a file"));
+}
+
+#[test]
+fn a_library_without_the_entry_point_is_an_error() {
+    let path = shared_library("int some_function(void) { return 1; }\n", "no_entry");
+    let message = load_err(&path);
+    assert!(message.contains("does not export `opbridge_plugin_init`"), "{message}");
+}
+
+#[test]
+fn abi_version_mismatch_is_an_error() {
+    let init = "info->abi_version = 2; return OPB_ERR_ABI_MISMATCH;";
+    let message = load_err(&shared_library(&fixture("abi_two", 1, 0, "", Some(init)), "abi_two"));
+    assert!(message.contains("ABI version mismatch: the library was built for plugin ABI 2, this opbridge speaks 1"));
+    // A library that forgets to set its version at all.
+    let message = load_err(&shared_library(&fixture("abi_unset", 1, 0, "", Some("return OPB_OK;")), "abi_unset"));
+    assert!(message.contains("built for plugin ABI 0"), "{message}");
+    assert!(!registered("abi_two") && !registered("abi_unset"));
+}
+
+#[test]
+fn a_failing_init_is_an_error_with_its_message() {
+    let init = "info->abi_version = OPBRIDGE_PLUGIN_ABI_VERSION; info->error = \"no license\"; return OPB_ERR_FAILED;";
+    let message = load_err(&shared_library(&fixture("init_fails", 1, 0, "", Some(init)), "init_fails"));
+    assert!(message.contains("failed with status 5: no license"), "{message}");
+}
+
+#[test]
+fn malformed_descriptors_are_errors() {
+    let cases: [(&str, &str, &str); 12] = [
+        ("null_name", ".name = 0", "operator name is NULL"),
+        ("bad_name", ".name = \"has space\"", "is not an identifier"),
+        ("zero_version", ".version = 0", "version is 0"),
+        ("bad_dtype", ".dtypes = (const DLDataType[]){{kDLUInt, 8, 1}}", "dtypes[0] (code 1, bits 8, lanes 1)"),
+        ("no_dtypes", ".n_dtypes = 0", "n_dtypes is 0"),
+        ("many_inputs", ".n_inputs = 17", "n_inputs is 17; expected 0 to 16"),
+        ("no_outputs", ".n_outputs = 0", "n_outputs is 0"),
+        ("null_inputs_names", ".input_names = (const char *const[]){0}", "input_names[0] is NULL"),
+        ("no_infer", ".infer = 0", "no shape function"),
+        ("no_kernel", ".cpu_kernel = 0", "no CPU kernel"),
+        ("bad_attr_kind", ".attrs = (const OpbAttrDesc[]){{\"k\", 7}, {\"slow\", 2}}", "has kind 7"),
+        ("dup_attr", ".attrs = (const OpbAttrDesc[]){{\"k\", 0}, {\"k\", 2}}", "\"k\" is used twice"),
+    ];
+    for (name, extra, want) in cases {
+        // Later designated initializers override the fixture's.
+        let source = fixture(name, 1, 0, extra, None);
+        let path = scratch_dir().join(format!("lib{name}.so"));
+        compile(&source, &path, &["-shared", "-Wno-override-init", "-Wno-initializer-overrides"]);
+        let message = load_err(&path);
+        assert!(message.contains("malformed descriptor ops[0]") && message.contains(want), "{name}: {message}");
+        assert!(!registered(name), "{name} stayed registered");
+    }
+    for (name, init, want) in [
+        ("zero_ops", "info->abi_version = 1; info->n_ops = 0; info->ops = ops; return 0;", "n_ops is 0"),
+        ("null_ops", "info->abi_version = 1; info->n_ops = 1; return 0;", "ops is NULL"),
+    ] {
+        let message = load_err(&shared_library(&fixture(name, 1, 0, "", Some(init)), name));
+        assert!(message.contains(want), "{name}: {message}");
+    }
+}
+
+#[test]
+fn duplicates_are_errors_and_nothing_stays_registered() {
+    // Two ops: `dup_ok` v1 (fine) and `vector_add` v1 (a built-in).
+    let init = "static OpbOpDesc two[2]; two[0] = ops[0]; two[1] = ops[0]; two[1].name = \"vector_add\";
+                info->abi_version = 1; info->n_ops = 2; info->ops = two; return 0;";
+    let message = load_err(&shared_library(&fixture("dup_ok", 1, 0, "", Some(init)), "dup_builtin"));
+    assert!(message.contains("\"vector_add\" version 1 is already registered (from built-in)"), "{message}");
+    assert!(!registered("dup_ok"), "the first op of a failed load stayed registered");
+    assert_eq!(Registry::global().get("vector_add", Some(1)).unwrap().source, Source::Builtin);
+
+    // The same name + version twice in one library.
+    let init = "static OpbOpDesc two[2]; two[0] = ops[0]; two[1] = ops[0];
+                info->abi_version = 1; info->n_ops = 2; info->ops = two; return 0;";
+    let message = load_err(&shared_library(&fixture("dup_self", 1, 0, "", Some(init)), "dup_self"));
+    assert!(message.contains("declares operator \"dup_self\" version 1 twice"), "{message}");
+
+    // Versions coexist across libraries; the same version from another library does not.
+    let v1 = Library::load(shared_library(&fixture("dup_lib", 1, 1, "", None), "dup_lib_v1")).unwrap();
+    let v2 = Library::load(shared_library(&fixture("dup_lib", 2, 2, "", None), "dup_lib_v2")).unwrap();
+    let message = load_err(&shared_library(&fixture("dup_lib", 2, 3, "", None), "dup_lib_v2_again"));
+    assert!(message.contains("\"dup_lib\" version 2 is already registered"), "{message}");
+    assert_eq!(call("dup_lib", None, &[0.0], &[]).unwrap(), vec![2.0]);
+    assert_eq!(call("dup_lib", Some(1), &[0.0], &[]).unwrap(), vec![1.0]);
+    v2.unload().unwrap();
+    assert_eq!(call("dup_lib", None, &[0.0], &[]).unwrap(), vec![1.0], "v1 is the latest again");
+    v1.unload().unwrap();
+}
+
+#[test]
+fn unload_waits_for_calls_in_flight_and_stale_handles_fail_cleanly() {
+    let lib = Library::load(shared_library(&fixture("plug_slow", 1, 1, "", None), "plug_slow")).unwrap();
+    let entry = Registry::global().get("plug_slow", None).unwrap();
+    let started = Arc::new(Barrier::new(2));
+    let caller = {
+        let started = Arc::clone(&started);
+        std::thread::spawn(move || {
+            let entry = Registry::global().get("plug_slow", None).unwrap();
+            let guard = entry.enter();
+            started.wait();
+            let result = call_entry(guard.entry(), &[1.0], &[("slow", AttrValue::Bool(true))]);
+            (result, Instant::now())
+        })
+    };
+    started.wait();
+    let t0 = Instant::now();
+    lib.unload().unwrap();
+    let unloaded = Instant::now();
+    let (result, finished) = caller.join().unwrap();
+    assert_eq!(result.unwrap(), vec![2.0], "the call in flight completes");
+    assert!(finished <= unloaded, "unload returned before the call in flight finished");
+    assert!(unloaded - t0 >= Duration::from_millis(100));
+    assert!(!registered("plug_slow"));
+    // A handle looked up before the unload: a clean error, not a jump into unmapped code.
+    let stale = call_entry(&entry, &[1.0], &[]).unwrap_err();
+    assert!(matches!(&stale, OpError::Unloaded { name, version: 1, .. } if name == "plug_slow"), "{stale:?}");
+}
+
+#[test]
+fn unload_under_concurrent_calls() {
+    let lib = Library::load(shared_library(&fixture("plug_busy", 1, 1, "", None), "plug_busy")).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ok, gone) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let (stop, ok, gone) = (Arc::clone(&stop), Arc::clone(&ok), Arc::clone(&gone));
+            std::thread::spawn(move || {
+                let a = vec![1f32; 1000];
+                while !stop.load(Ordering::Relaxed) {
+                    match call("plug_busy", None, &a, &[]) {
+                        Ok(out) => {
+                            assert!(out.iter().all(|&x| x == 2.0));
+                            ok.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(OpError::UnknownOperator { .. } | OpError::Unloaded { .. }) => {
+                            gone.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(other) => panic!("unexpected error {other:?}"),
+                    }
+                }
+            })
+        })
+        .collect();
+    while ok.load(Ordering::Relaxed) < 200 {
+        std::thread::yield_now();
+    }
+    lib.unload().unwrap();
+    let after = gone.load(Ordering::Relaxed);
+    while gone.load(Ordering::Relaxed) < after + 100 {
+        std::thread::yield_now();
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert!(ok.load(Ordering::Relaxed) >= 200);
+}
+
+#[test]
+fn reloading_a_rebuilt_file_at_the_same_path_runs_the_new_code() {
+    let dir = scratch_dir();
+    let path = dir.join("libplug_reload.so");
+    for bias in [1, 2, 3] {
+        compile(&fixture("plug_reload", 1, bias, "", None), &path, &["-shared"]);
+        let lib = Library::load(&path).unwrap();
+        assert_eq!(call("plug_reload", None, &[0.0], &[]).unwrap(), vec![bias as f32]);
+        lib.unload().unwrap();
+    }
+    // No private copies are left behind.
+    let copies = std::fs::read_dir(std::env::temp_dir().join("opbridge-plugins"))
+        .map(|d| {
+            d.filter_map(|e| e.ok()).filter(|e| e.file_name().to_string_lossy().starts_with("libplug_reload")).count()
+        })
+        .unwrap_or(0);
+    assert_eq!(copies, 0);
+}

@@ -1,0 +1,315 @@
+//! What `export_plugin!` expands to: descriptors built once from the [`Op`] constants, and
+//! `extern "C"` trampolines (one instance per operator type) that turn the C arguments into safe
+//! views, call the operator, and turn its result — or a panic — into a status and a message.
+//! Not a public API.
+
+use std::ffi::{c_char, c_int, c_void, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::OnceLock;
+
+use crate::{sys, AttrKind, Attrs, DType, Error, Meta, Op, Result, Status, Tensor, TensorMut};
+
+/// One operator's descriptor and the memory its pointers point into.
+#[derive(Debug)]
+pub struct Described {
+    desc: sys::OpbOpDesc,
+    _strings: Vec<CString>,
+    _input_names: Vec<*const c_char>,
+    _output_names: Vec<*const c_char>,
+    _attrs: Vec<sys::OpbAttrDesc>,
+    _dtypes: Vec<sys::DLDataType>,
+}
+
+/// Describes `O`. Panics on a name with a NUL byte (caught by `init`, which then fails).
+pub fn describe<O: Op>() -> Described {
+    let mut strings = Vec::new();
+    let mut c = |s: &str| {
+        let owned = CString::new(s).unwrap_or_else(|_| panic!("{:?} of operator {} contains a NUL byte", s, O::NAME));
+        let ptr = owned.as_ptr();
+        strings.push(owned);
+        ptr
+    };
+    let name = c(O::NAME);
+    let doc = c(O::DOC);
+    let input_names: Vec<*const c_char> = O::INPUTS.iter().map(|s| c(s)).collect();
+    let output_names: Vec<*const c_char> = O::OUTPUTS.iter().map(|s| c(s)).collect();
+    let attrs: Vec<sys::OpbAttrDesc> = O::ATTRS
+        .iter()
+        .map(|a| sys::OpbAttrDesc {
+            name: c(a.name),
+            kind: match a.kind {
+                AttrKind::Int => sys::OPB_ATTR_INT,
+                AttrKind::Float => sys::OPB_ATTR_FLOAT,
+                AttrKind::Bool => sys::OPB_ATTR_BOOL,
+            },
+            required: a.required as i32,
+            default_int: a.default_int,
+            default_float: a.default_float,
+            doc: c(a.doc),
+        })
+        .collect();
+    let dtypes: Vec<sys::DLDataType> = O::DTYPES.iter().map(|d| d.to_dl()).collect();
+    let count = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
+    let desc = sys::OpbOpDesc {
+        name,
+        version: O::VERSION,
+        doc,
+        n_inputs: count(input_names.len()),
+        input_names: input_names.as_ptr(),
+        n_outputs: count(output_names.len()),
+        output_names: output_names.as_ptr(),
+        n_attrs: count(attrs.len()),
+        attrs: attrs.as_ptr(),
+        n_dtypes: count(dtypes.len()),
+        dtypes: dtypes.as_ptr(),
+        infer: Some(infer::<O>),
+        cpu_kernel: Some(kernel::<O>),
+        workspace_size: O::WORKSPACE.map(|_| workspace_size::<O> as sys::OpbWorkspaceFn),
+        reserved: [std::ptr::null_mut(); 4],
+    };
+    Described {
+        desc,
+        _strings: strings,
+        _input_names: input_names,
+        _output_names: output_names,
+        _attrs: attrs,
+        _dtypes: dtypes,
+    }
+}
+
+/// A library's descriptors, built on the first `init` and kept for the library's lifetime.
+#[derive(Debug)]
+pub struct Plugin {
+    name: CString,
+    descs: Vec<sys::OpbOpDesc>,
+    _owned: Vec<Described>,
+}
+
+// SAFETY: a `Plugin` is immutable once built; its raw pointers point into heap memory it owns
+// (strings and vectors that never move or change), so sharing it between threads is sound.
+unsafe impl Send for Plugin {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for Plugin {}
+
+/// The static an `export_plugin!` expansion keeps its [`Plugin`] in.
+#[derive(Debug)]
+pub struct PluginCell(OnceLock<std::result::Result<Plugin, CString>>);
+
+impl PluginCell {
+    #[allow(clippy::new_without_default)]
+    pub const fn new() -> PluginCell {
+        PluginCell(OnceLock::new())
+    }
+}
+
+/// The body of `opbridge_plugin_init`.
+///
+/// # Safety
+/// `host` and `info` are null or valid (the loader passes a host description and a zeroed info).
+pub unsafe fn init(
+    host: *const sys::OpbPluginHost,
+    info: *mut sys::OpbPluginInfo,
+    cell: &'static PluginCell,
+    name: &str,
+    ops: impl FnOnce() -> Vec<Described>,
+) -> c_int {
+    // SAFETY: the caller's obligations.
+    let (Some(host), Some(info)) = (unsafe { host.as_ref() }, unsafe { info.as_mut() }) else {
+        return sys::OPB_ERR_FAILED;
+    };
+    info.abi_version = sys::OPBRIDGE_PLUGIN_ABI_VERSION;
+    if host.abi_version != sys::OPBRIDGE_PLUGIN_ABI_VERSION {
+        return sys::OPB_ERR_ABI_MISMATCH;
+    }
+    let plugin = cell.0.get_or_init(|| {
+        catch_unwind(AssertUnwindSafe(|| {
+            let owned = ops();
+            Plugin {
+                name: CString::new(name).unwrap_or_default(),
+                descs: owned.iter().map(|d| d.desc).collect(),
+                _owned: owned,
+            }
+        }))
+        .map_err(|panic| CString::new(panic_message(&*panic).replace('\0', " ")).unwrap_or_default())
+    });
+    match plugin {
+        Ok(plugin) => {
+            info.name = plugin.name.as_ptr();
+            info.n_ops = i32::try_from(plugin.descs.len()).unwrap_or(i32::MAX);
+            info.ops = plugin.descs.as_ptr();
+            sys::OPB_OK
+        }
+        Err(message) => {
+            info.error = message.as_ptr();
+            sys::OPB_ERR_FAILED
+        }
+    }
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    let text = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into());
+    format!("panicked: {text}")
+}
+
+/// Writes `message` into the host's buffer (truncated, NUL-terminated).
+///
+/// # Safety
+/// `buf` is null or writable for `len` bytes.
+unsafe fn write_message(buf: *mut c_char, len: usize, message: &str) {
+    if buf.is_null() || len == 0 {
+        return;
+    }
+    let mut n = message.len().min(len - 1);
+    while !message.is_char_boundary(n) {
+        n -= 1;
+    }
+    // SAFETY: `n + 1 <= len` bytes of `buf` are writable (the caller's obligation).
+    unsafe {
+        std::ptr::copy_nonoverlapping(message.as_ptr(), buf.cast::<u8>(), n);
+        *buf.add(n) = 0;
+    }
+}
+
+/// Runs a callback body: `Ok` is `OPB_OK`; an error or a panic becomes its status and message.
+///
+/// # Safety
+/// As [`write_message`] for `err_msg`/`err_len`.
+unsafe fn guarded(err_msg: *mut c_char, err_len: usize, body: impl FnOnce() -> Result<()>) -> c_int {
+    let error = match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(())) => return sys::OPB_OK,
+        Ok(Err(error)) => error,
+        Err(panic) => Error::new(Status::Failed, panic_message(&*panic)),
+    };
+    // SAFETY: the caller's obligations.
+    unsafe { write_message(err_msg, err_len, &error.message) };
+    error.status.code()
+}
+
+/// # Safety
+/// `ptr` is null (then `n` is 0) or points at `n` valid `T`s.
+unsafe fn slice<'a, T>(ptr: *const T, n: c_int) -> &'a [T] {
+    match usize::try_from(n) {
+        Ok(n) if n > 0 && !ptr.is_null() => {
+            // SAFETY: the caller's obligations.
+            unsafe { std::slice::from_raw_parts(ptr, n) }
+        }
+        _ => &[],
+    }
+}
+
+fn metas(inputs: &[sys::OpbMeta]) -> Result<Vec<Meta>> {
+    inputs
+        .iter()
+        .map(|m| {
+            let dtype = DType::from_dl(m.dtype).ok_or_else(|| Error::dtype("unsupported element type"))?;
+            let ndim = usize::try_from(m.ndim).ok().filter(|&n| n <= sys::OPB_MAX_NDIM);
+            let ndim = ndim.ok_or_else(|| Error::shape(format!("ndim {} out of range", m.ndim)))?;
+            Ok(Meta { dtype, shape: m.shape[..ndim].iter().map(|&d| d.max(0) as usize).collect() })
+        })
+        .collect()
+}
+
+/// `OpbInferFn` for `O`.
+///
+/// # Safety
+/// Called by the host as the header says: arrays of the given lengths, a valid error buffer.
+pub unsafe extern "C" fn infer<O: Op>(
+    inputs: *const sys::OpbMeta,
+    n_in: c_int,
+    outputs: *mut sys::OpbMeta,
+    n_out: c_int,
+    attrs: *const sys::OpbAttrs,
+    err_msg: *mut c_char,
+    err_len: usize,
+) -> c_int {
+    let body = || {
+        // SAFETY: the host passes `n_in` metas and a valid attribute struct.
+        let (inputs, attrs) = unsafe { (slice(inputs, n_in), Attrs::from_c(attrs)) };
+        let result = O::infer(&metas(inputs)?, &attrs)?;
+        let n_out = usize::try_from(n_out).unwrap_or(0);
+        if result.len() != n_out || outputs.is_null() {
+            return Err(Error::failed(format!(
+                "infer returned {} outputs; the operator declares {n_out}",
+                result.len()
+            )));
+        }
+        for (i, meta) in result.iter().enumerate() {
+            if meta.shape.len() > sys::OPB_MAX_NDIM {
+                return Err(Error::shape(format!("output {i} has more than {} dimensions", sys::OPB_MAX_NDIM)));
+            }
+            let mut c = sys::OpbMeta { dtype: meta.dtype.to_dl(), ndim: meta.shape.len() as i32, ..Default::default() };
+            for (d, &s) in c.shape.iter_mut().zip(&meta.shape) {
+                *d = i64::try_from(s).map_err(|_| Error::shape("dimension too large"))?;
+            }
+            // SAFETY: the host passes `n_out` writable metas and `i < n_out`.
+            unsafe { outputs.add(i).write(c) };
+        }
+        Ok(())
+    };
+    // SAFETY: the host passes a valid error buffer.
+    unsafe { guarded(err_msg, err_len, body) }
+}
+
+/// `OpbWorkspaceFn` for `O` (0 on any error: the kernel then reports it).
+///
+/// # Safety
+/// As [`infer`].
+pub unsafe extern "C" fn workspace_size<O: Op>(
+    inputs: *const sys::OpbMeta,
+    n_in: c_int,
+    attrs: *const sys::OpbAttrs,
+) -> usize {
+    catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: the host passes `n_in` metas and a valid attribute struct.
+        let (inputs, attrs) = unsafe { (slice(inputs, n_in), Attrs::from_c(attrs)) };
+        match (O::WORKSPACE, metas(inputs)) {
+            (Some(size), Ok(metas)) => size(&metas, &attrs),
+            _ => 0,
+        }
+    }))
+    .unwrap_or(0)
+}
+
+/// `OpbKernelFn` for `O`.
+///
+/// # Safety
+/// Called by the host as the header says: valid tensors of the inferred metas, outputs disjoint
+/// from inputs, a workspace of the size asked for, a valid error buffer.
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn kernel<O: Op>(
+    inputs: *const sys::DLTensor,
+    n_in: c_int,
+    outputs: *mut sys::DLTensor,
+    n_out: c_int,
+    attrs: *const sys::OpbAttrs,
+    _stream: *mut c_void,
+    workspace: *mut c_void,
+    err_msg: *mut c_char,
+    err_len: usize,
+) -> c_int {
+    let body = || {
+        // SAFETY: the host passes `n_in` input and `n_out` output tensors and valid attributes.
+        let (c_in, c_out, attrs) = unsafe { (slice(inputs, n_in), slice(outputs, n_out), Attrs::from_c(attrs)) };
+        // SAFETY: inputs are readable and unchanged during the call (the ABI's contract).
+        let ins = c_in.iter().map(|t| unsafe { Tensor::from_dl(t) }).collect::<Result<Vec<_>>>()?;
+        // SAFETY: outputs are writable and used by this call only (the ABI's contract).
+        let mut outs = c_out.iter().map(|t| unsafe { TensorMut::from_dl(t) }).collect::<Result<Vec<_>>>()?;
+        let size = match O::WORKSPACE {
+            Some(size) => size(&ins.iter().map(|t| Meta::new(t.dtype(), t.shape())).collect::<Vec<_>>(), &attrs),
+            None => 0,
+        };
+        let ws: &mut [u8] = match (size, workspace.is_null()) {
+            (0, _) => &mut [],
+            (_, true) => return Err(Error::failed("the host passed no workspace")),
+            // SAFETY: the host allocated the `workspace_size` bytes for this call.
+            (_, false) => unsafe { std::slice::from_raw_parts_mut(workspace.cast::<u8>(), size) },
+        };
+        O::run(&ins, &mut outs, &attrs, ws)
+    };
+    // SAFETY: the host passes a valid error buffer.
+    unsafe { guarded(err_msg, err_len, body) }
+}

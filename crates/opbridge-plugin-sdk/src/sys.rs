@@ -1,0 +1,211 @@
+//! Raw declarations of the plugin ABI, one for one with `opbridge/plugin.h` (version 1), as
+//! `opbridge.get_include()` ships it. Plugin authors use the safe API of the crate root; a test
+//! compiles the header with the system C compiler and compares every size and offset with these.
+#![allow(non_camel_case_types, non_snake_case, non_upper_case_globals, missing_docs)]
+
+use std::ffi::{c_char, c_int, c_void};
+
+pub const OPBRIDGE_PLUGIN_ABI_VERSION: u32 = 1;
+
+pub const OPB_MAX_NDIM: usize = 16;
+pub const OPB_MAX_INPUTS: i32 = 16;
+pub const OPB_MAX_OUTPUTS: i32 = 16;
+pub const OPB_MAX_ATTRS: i32 = 32;
+pub const OPB_MAX_OPS: i32 = 1024;
+pub const OPB_MAX_NAME: usize = 128;
+
+pub const OPB_PLUGIN_INIT_SYMBOL: &[u8] = b"opbridge_plugin_init\0";
+
+// DLPack.
+pub const kDLCPU: c_int = 1;
+pub const kDLInt: u8 = 0;
+pub const kDLUInt: u8 = 1;
+pub const kDLFloat: u8 = 2;
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DLDevice {
+    /// A `DLDeviceType` (a C enum: `int`).
+    pub device_type: c_int,
+    pub device_id: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DLDataType {
+    pub code: u8,
+    pub bits: u8,
+    pub lanes: u16,
+}
+
+#[repr(C)]
+#[derive(Debug)]
+pub struct DLTensor {
+    pub data: *mut c_void,
+    pub device: DLDevice,
+    pub ndim: i32,
+    pub dtype: DLDataType,
+    pub shape: *mut i64,
+    pub strides: *mut i64,
+    pub byte_offset: u64,
+}
+
+// Status codes (`OpbStatus`).
+pub const OPB_OK: c_int = 0;
+pub const OPB_ERR_INVALID_ARGUMENT: c_int = 1;
+pub const OPB_ERR_SHAPE: c_int = 2;
+pub const OPB_ERR_DTYPE: c_int = 3;
+pub const OPB_ERR_ABI_MISMATCH: c_int = 4;
+pub const OPB_ERR_FAILED: c_int = 5;
+
+// Attribute kinds (`OpbAttrKind`).
+pub const OPB_ATTR_INT: i32 = 0;
+pub const OPB_ATTR_FLOAT: i32 = 1;
+pub const OPB_ATTR_BOOL: i32 = 2;
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct OpbAttrDesc {
+    pub name: *const c_char,
+    pub kind: i32,
+    pub required: i32,
+    pub default_int: i64,
+    pub default_float: f64,
+    pub doc: *const c_char,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct OpbAttrValue {
+    pub kind: i32,
+    pub reserved: i32,
+    pub i: i64,
+    pub f: f64,
+}
+
+#[repr(C)]
+#[derive(Debug)]
+pub struct OpbAttrs {
+    pub count: usize,
+    pub values: *const OpbAttrValue,
+    pub names: *const *const c_char,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OpbMeta {
+    pub dtype: DLDataType,
+    pub ndim: i32,
+    pub shape: [i64; OPB_MAX_NDIM],
+}
+
+pub type OpbInferFn = unsafe extern "C" fn(
+    inputs: *const OpbMeta,
+    n_in: c_int,
+    outputs: *mut OpbMeta,
+    n_out: c_int,
+    attrs: *const OpbAttrs,
+    err_msg: *mut c_char,
+    err_len: usize,
+) -> c_int;
+
+pub type OpbWorkspaceFn = unsafe extern "C" fn(inputs: *const OpbMeta, n_in: c_int, attrs: *const OpbAttrs) -> usize;
+
+pub type OpbKernelFn = unsafe extern "C" fn(
+    inputs: *const DLTensor,
+    n_in: c_int,
+    outputs: *mut DLTensor,
+    n_out: c_int,
+    attrs: *const OpbAttrs,
+    stream: *mut c_void,
+    workspace: *mut c_void,
+    err_msg: *mut c_char,
+    err_len: usize,
+) -> c_int;
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct OpbOpDesc {
+    pub name: *const c_char,
+    pub version: u32,
+    pub doc: *const c_char,
+    pub n_inputs: i32,
+    pub input_names: *const *const c_char,
+    pub n_outputs: i32,
+    pub output_names: *const *const c_char,
+    pub n_attrs: i32,
+    pub attrs: *const OpbAttrDesc,
+    pub n_dtypes: i32,
+    pub dtypes: *const DLDataType,
+    pub infer: Option<OpbInferFn>,
+    pub cpu_kernel: Option<OpbKernelFn>,
+    pub workspace_size: Option<OpbWorkspaceFn>,
+    pub reserved: [*mut c_void; 4],
+}
+
+#[repr(C)]
+#[derive(Debug)]
+pub struct OpbPluginHost {
+    pub abi_version: u32,
+    pub reserved0: u32,
+    pub runtime_version: *const c_char,
+    pub reserved: [*mut c_void; 4],
+}
+
+#[repr(C)]
+#[derive(Debug)]
+pub struct OpbPluginInfo {
+    pub abi_version: u32,
+    pub reserved0: u32,
+    pub name: *const c_char,
+    pub n_ops: i32,
+    pub ops: *const OpbOpDesc,
+    pub error: *const c_char,
+    pub reserved: [*mut c_void; 8],
+}
+
+impl OpbPluginInfo {
+    /// The all-zero struct the entry point receives.
+    pub fn zeroed() -> OpbPluginInfo {
+        OpbPluginInfo {
+            abi_version: 0,
+            reserved0: 0,
+            name: std::ptr::null(),
+            n_ops: 0,
+            ops: std::ptr::null(),
+            error: std::ptr::null(),
+            reserved: [std::ptr::null_mut(); 8],
+        }
+    }
+}
+
+pub type OpbPluginInitFn = unsafe extern "C" fn(host: *const OpbPluginHost, info: *mut OpbPluginInfo) -> c_int;
+
+/// `(struct, field, offset)` for every field, and `(struct, "sizeof", size)`: what the layout
+/// test compares with the C compiler's `offsetof`/`sizeof` of the header.
+pub fn layout() -> Vec<(&'static str, &'static str, usize)> {
+    use std::mem::{offset_of, size_of};
+    macro_rules! rows {
+        ($($ty:ident { $($field:ident),* })*) => {
+            vec![$(
+                (stringify!($ty), "sizeof", size_of::<$ty>()),
+                $((stringify!($ty), stringify!($field), offset_of!($ty, $field)),)*
+            )*]
+        };
+    }
+    rows! {
+        DLDevice { device_type, device_id }
+        DLDataType { code, bits, lanes }
+        DLTensor { data, device, ndim, dtype, shape, strides, byte_offset }
+        OpbAttrDesc { name, kind, required, default_int, default_float, doc }
+        OpbAttrValue { kind, reserved, i, f }
+        OpbAttrs { count, values, names }
+        OpbMeta { dtype, ndim, shape }
+        OpbOpDesc {
+            name, version, doc, n_inputs, input_names, n_outputs, output_names, n_attrs, attrs, n_dtypes, dtypes,
+            infer, cpu_kernel, workspace_size, reserved
+        }
+        OpbPluginHost { abi_version, reserved0, runtime_version, reserved }
+        OpbPluginInfo { abi_version, reserved0, name, n_ops, ops, error, reserved }
+    }
+}

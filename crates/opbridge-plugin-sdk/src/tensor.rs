@@ -1,0 +1,314 @@
+//! Safe views of the `DLTensor`s a kernel receives: typed slices where the memory is contiguous,
+//! a strided iterator where it is not. Every accessor checks the dtype first.
+
+use std::marker::PhantomData;
+
+use crate::{sys, DType, Error, Result};
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// Rust types that match an opbridge dtype (float16 has none: read it as raw bytes if needed).
+pub trait Element: Copy + Send + Sync + 'static + sealed::Sealed {
+    const DTYPE: DType;
+}
+
+macro_rules! element {
+    ($($t:ty => $d:expr),*) => {$(
+        impl sealed::Sealed for $t {}
+        impl Element for $t {
+            const DTYPE: DType = $d;
+        }
+    )*};
+}
+element!(f32 => DType::F32, f64 => DType::F64, i32 => DType::I32, i64 => DType::I64);
+
+/// Layout shared by input and output views (inline: a kernel call allocates nothing for it).
+#[derive(Debug)]
+struct Layout {
+    data: *mut u8,
+    dtype: DType,
+    ndim: usize,
+    shape: [usize; sys::OPB_MAX_NDIM],
+    strides: [isize; sys::OPB_MAX_NDIM],
+}
+
+impl Layout {
+    /// # Safety
+    /// `t` describes a CPU tensor whose `shape` (and `strides`, if non-null) hold `ndim` entries.
+    unsafe fn from_dl(t: &sys::DLTensor) -> Result<Layout> {
+        let dtype = DType::from_dl(t.dtype).ok_or_else(|| {
+            Error::dtype(format!("unsupported element type (code {}, bits {})", t.dtype.code, t.dtype.bits))
+        })?;
+        let ndim = usize::try_from(t.ndim)
+            .ok()
+            .filter(|&n| n <= sys::OPB_MAX_NDIM)
+            .ok_or_else(|| Error::failed(format!("ndim {} out of range", t.ndim)))?;
+        if ndim > 0 && t.shape.is_null() {
+            return Err(Error::failed("tensor without a shape"));
+        }
+        let mut layout = Layout {
+            data: std::ptr::null_mut(),
+            dtype,
+            ndim,
+            shape: [0; sys::OPB_MAX_NDIM],
+            strides: [0; sys::OPB_MAX_NDIM],
+        };
+        for d in 0..ndim {
+            // SAFETY: the caller's obligation: `ndim` entries.
+            layout.shape[d] = unsafe { *t.shape.add(d) }.max(0) as usize;
+        }
+        if t.strides.is_null() {
+            let mut stride = 1isize;
+            for d in (0..ndim).rev() {
+                layout.strides[d] = stride;
+                stride *= layout.shape[d].max(1) as isize;
+            }
+        } else {
+            for d in 0..ndim {
+                // SAFETY: the caller's obligation: `ndim` entries.
+                layout.strides[d] = unsafe { *t.strides.add(d) } as isize;
+            }
+        }
+        // SAFETY: DLPack's data + byte_offset is the first element.
+        layout.data = unsafe { t.data.cast::<u8>().add(t.byte_offset as usize) };
+        Ok(layout)
+    }
+
+    fn shape(&self) -> &[usize] {
+        &self.shape[..self.ndim]
+    }
+
+    fn strides(&self) -> &[isize] {
+        &self.strides[..self.ndim]
+    }
+
+    fn len(&self) -> usize {
+        self.shape().iter().product()
+    }
+
+    fn is_contiguous(&self) -> bool {
+        let mut expected = 1isize;
+        for d in (0..self.ndim).rev() {
+            if self.shape[d] > 1 && self.strides[d] != expected {
+                return false;
+            }
+            expected *= self.shape[d] as isize;
+        }
+        true
+    }
+
+    fn check<T: Element>(&self) -> Result<()> {
+        if T::DTYPE != self.dtype {
+            return Err(Error::dtype(format!("tensor of dtype {} read as {}", self.dtype, T::DTYPE)));
+        }
+        Ok(())
+    }
+
+    /// Whether the elements can be a `&[T]`: contiguous and aligned.
+    fn sliceable<T: Element>(&self) -> bool {
+        self.is_contiguous() && (self.data as usize).is_multiple_of(std::mem::align_of::<T>())
+    }
+}
+
+/// A read-only input tensor.
+#[derive(Debug)]
+pub struct Tensor<'a> {
+    layout: Layout,
+    _memory: PhantomData<&'a [u8]>,
+}
+
+// SAFETY: a `Tensor` is a shared view of memory nobody writes during the call (the ABI's
+// contract); reading it from several threads is sound.
+unsafe impl Send for Tensor<'_> {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for Tensor<'_> {}
+
+impl<'a> Tensor<'a> {
+    /// # Safety
+    /// `t` is an input the host passed to the kernel: readable, unchanged for `'a`.
+    pub(crate) unsafe fn from_dl(t: &sys::DLTensor) -> Result<Tensor<'a>> {
+        // SAFETY: the caller's obligations.
+        Ok(Tensor { layout: unsafe { Layout::from_dl(t) }?, _memory: PhantomData })
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.layout.dtype
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        self.layout.shape()
+    }
+
+    /// Strides in elements (0 for broadcast dimensions, negative for reversed ones).
+    pub fn strides(&self) -> &[isize] {
+        self.layout.strides()
+    }
+
+    pub fn ndim(&self) -> usize {
+        self.layout.ndim
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.layout.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn is_contiguous(&self) -> bool {
+        self.layout.is_contiguous()
+    }
+
+    /// The elements as a slice, in C order: only for a contiguous tensor of element type `T`.
+    pub fn as_slice<T: Element>(&self) -> Result<&'a [T]> {
+        self.layout.check::<T>()?;
+        if !self.layout.sliceable::<T>() {
+            return Err(Error::invalid_argument("tensor is not contiguous and aligned; use values()"));
+        }
+        if self.is_empty() {
+            return Ok(&[]);
+        }
+        // SAFETY: a contiguous tensor of `len` elements of `T` (dtype checked), readable for 'a.
+        Ok(unsafe { std::slice::from_raw_parts(self.layout.data.cast::<T>(), self.len()) })
+    }
+
+    /// The elements in C order, for any strides.
+    pub fn values<T: Element>(&self) -> Result<Values<'a, T>> {
+        self.layout.check::<T>()?;
+        if let Ok(slice) = self.as_slice::<T>() {
+            return Ok(Values { inner: ValuesInner::Slice(slice.iter()) });
+        }
+        Ok(Values {
+            inner: ValuesInner::Strided(Box::new(Strided {
+                data: self.layout.data.cast::<T>(),
+                ndim: self.layout.ndim,
+                shape: self.layout.shape,
+                strides: self.layout.strides,
+                index: [0; sys::OPB_MAX_NDIM],
+                offset: 0,
+                remaining: self.len(),
+                _memory: PhantomData,
+            })),
+        })
+    }
+}
+
+/// Iterator over a tensor's elements in C order (see [`Tensor::values`]).
+#[derive(Debug)]
+pub struct Values<'a, T> {
+    inner: ValuesInner<'a, T>,
+}
+
+#[derive(Debug)]
+enum ValuesInner<'a, T> {
+    Slice(std::slice::Iter<'a, T>),
+    Strided(Box<Strided<'a, T>>),
+}
+
+/// The walk over a strided tensor: an index per dimension and the element offset it gives.
+#[derive(Debug)]
+struct Strided<'a, T> {
+    data: *const T,
+    ndim: usize,
+    shape: [usize; sys::OPB_MAX_NDIM],
+    strides: [isize; sys::OPB_MAX_NDIM],
+    index: [usize; sys::OPB_MAX_NDIM],
+    offset: isize,
+    remaining: usize,
+    _memory: PhantomData<&'a T>,
+}
+
+impl<T: Element> Iterator for Values<'_, T> {
+    type Item = T;
+
+    fn next(&mut self) -> Option<T> {
+        match &mut self.inner {
+            ValuesInner::Slice(it) => it.next().copied(),
+            ValuesInner::Strided(walk) => {
+                let Strided { data, ndim, shape, strides, index, offset, remaining, .. } = &mut **walk;
+                if *remaining == 0 {
+                    return None;
+                }
+                // SAFETY: `offset` is the element at `index`, inside the tensor (the host's
+                // shape/strides describe readable memory).
+                let value = unsafe { data.offset(*offset).read_unaligned() };
+                *remaining -= 1;
+                for d in (0..*ndim).rev() {
+                    index[d] += 1;
+                    *offset += strides[d];
+                    if index[d] < shape[d] {
+                        break;
+                    }
+                    *offset -= strides[d] * shape[d] as isize;
+                    index[d] = 0;
+                }
+                Some(value)
+            }
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = match &self.inner {
+            ValuesInner::Slice(it) => it.len(),
+            ValuesInner::Strided(walk) => walk.remaining,
+        };
+        (n, Some(n))
+    }
+}
+
+impl<T: Element> ExactSizeIterator for Values<'_, T> {}
+
+/// An output tensor: contiguous, written by the kernel.
+#[derive(Debug)]
+pub struct TensorMut<'a> {
+    layout: Layout,
+    _memory: PhantomData<&'a mut [u8]>,
+}
+
+// SAFETY: an output is memory only this kernel call writes (the ABI's contract: outputs never
+// overlap inputs or each other), so moving or sharing the view between threads is sound.
+unsafe impl Send for TensorMut<'_> {}
+// SAFETY: as for `Send`; writing needs `&mut self`.
+unsafe impl Sync for TensorMut<'_> {}
+
+impl<'a> TensorMut<'a> {
+    /// # Safety
+    /// `t` is an output the host passed to the kernel: writable, used by nobody else for `'a`.
+    pub(crate) unsafe fn from_dl(t: &sys::DLTensor) -> Result<TensorMut<'a>> {
+        // SAFETY: the caller's obligations.
+        Ok(TensorMut { layout: unsafe { Layout::from_dl(t) }?, _memory: PhantomData })
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.layout.dtype
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        self.layout.shape()
+    }
+
+    pub fn len(&self) -> usize {
+        self.layout.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The elements, in C order, to write.
+    pub fn as_mut_slice<T: Element>(&mut self) -> Result<&mut [T]> {
+        self.layout.check::<T>()?;
+        if !self.layout.sliceable::<T>() {
+            return Err(Error::failed("output is not contiguous and aligned (the host breaks the ABI)"));
+        }
+        if self.is_empty() {
+            return Ok(&mut []);
+        }
+        // SAFETY: a contiguous, exclusively ours block of `len` elements of `T` (dtype checked).
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.layout.data.cast::<T>(), self.len()) })
+    }
+}

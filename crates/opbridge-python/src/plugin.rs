@@ -1,0 +1,104 @@
+//! Operator libraries from Python: `ob.load_library(path)` and the `Library` handle.
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use opbridge_ops::plugin::Library as NativeLibrary;
+use pyo3::prelude::*;
+
+use crate::errors::to_pyerr;
+
+/// A loaded operator library (see ``load_library``).
+///
+/// Its operators stay registered until ``unload()`` (or the end of a ``with`` block); dropping
+/// the object does not unload them.
+#[pyclass(name = "Library", module = "opbridge", subclass)]
+#[derive(Debug)]
+pub struct PyLibrary {
+    path: PathBuf,
+    ops: Vec<(String, u32)>,
+    /// `None` once unloaded.
+    inner: Mutex<Option<NativeLibrary>>,
+}
+
+impl PyLibrary {
+    fn load(py: Python<'_>, path: PathBuf) -> PyResult<PyLibrary> {
+        let lib = py.detach(|| NativeLibrary::load(&path)).map_err(to_pyerr)?;
+        Ok(PyLibrary { path: lib.path().to_path_buf(), ops: lib.ops(), inner: Mutex::new(Some(lib)) })
+    }
+
+    fn is_loaded(&self) -> bool {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+    }
+}
+
+#[pymethods]
+impl PyLibrary {
+    /// Same as ``load_library(path)``.
+    #[new]
+    fn __new__(py: Python<'_>, path: PathBuf) -> PyResult<PyLibrary> {
+        PyLibrary::load(py, path)
+    }
+
+    /// The absolute path the library was loaded from.
+    #[getter]
+    fn path(&self) -> String {
+        self.path.display().to_string()
+    }
+
+    /// ``(name, version)`` of each operator the library registered.
+    #[getter]
+    fn ops(&self) -> Vec<(String, u32)> {
+        self.ops.clone()
+    }
+
+    /// Whether the library is still loaded.
+    #[getter]
+    fn loaded(&self) -> bool {
+        self.is_loaded()
+    }
+
+    /// Unregisters the library's operators, waits for calls in flight (with the GIL released),
+    /// then closes the library. Calls through an ``Op`` looked up earlier then raise
+    /// ``OpBridgeError``. Unloading twice does nothing.
+    fn unload(&self, py: Python<'_>) -> PyResult<()> {
+        let lib = self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
+        match lib {
+            Some(lib) => py.detach(|| lib.unload()).map_err(to_pyerr),
+            None => Ok(()),
+        }
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __exit__(&self, py: Python<'_>, exc_type: Py<PyAny>, exc: Py<PyAny>, tb: Py<PyAny>) -> PyResult<bool> {
+        drop((exc_type, exc, tb));
+        self.unload(py)?;
+        Ok(false)
+    }
+
+    fn __repr__(&self) -> String {
+        let ops: Vec<String> = self.ops.iter().map(|(n, v)| format!("{n} v{v}")).collect();
+        let state = if self.is_loaded() { "" } else { ", unloaded" };
+        format!("<opbridge.Library {:?} ops=[{}]{state}>", self.path.display().to_string(), ops.join(", "))
+    }
+}
+
+/// Loads an operator library (a shared object built against ``opbridge.get_include()``'s
+/// ``opbridge/plugin.h``, or with the Rust SDK) and registers its operators, which are then
+/// callable as ``ob.ops.<name>(...)`` and ``ob.ops.get(name, version=...)``.
+///
+/// Each load maps a private copy of the file, so loading again after rebuilding the file at the
+/// same path runs the new code (unload the old library first: a name + version registers once).
+///
+/// Raises:
+///     OpBridgeError: the file is missing or not a shared library, does not export
+///         ``opbridge_plugin_init``, was built for another plugin ABI version, declares a
+///         malformed operator, or an operator's name + version is registered already. Nothing
+///         of the library stays registered then.
+#[pyfunction]
+pub fn load_library(py: Python<'_>, path: PathBuf) -> PyResult<PyLibrary> {
+    PyLibrary::load(py, path)
+}

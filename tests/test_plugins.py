@@ -1,0 +1,250 @@
+"""Operator libraries (the plugin ABI): the C and Rust example plugins are built, loaded, called in
+both versions, unloaded under concurrent calls, and reloaded after a rebuild; invalid files raise."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+import pytest
+
+import opbridge as ob
+
+REPO = Path(__file__).resolve().parent.parent
+C_EXAMPLE = REPO / "examples" / "plugins" / "c" / "scale_add.c"
+RUST_EXAMPLE = REPO / "examples" / "plugins" / "rust" / "Cargo.toml"
+# Kept across runs so the Rust example compiles once (CI's cache of `target/` keeps it too).
+RUST_TARGET_DIR = REPO / "target" / "plugin-tests"
+
+
+def cc(source: Path, out: Path, *extra: str) -> Path:
+    compiler = os.environ.get("CC", "cc")
+    if shutil.which(compiler) is None:
+        pytest.skip(f"no C compiler ({compiler}) to build the plugin")
+    cmd = [compiler, "-O3", "-shared", "-fPIC", "-I", ob.get_include(), *extra, str(source), "-o", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+@pytest.fixture(scope="session")
+def c_plugin(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return cc(C_EXAMPLE, tmp_path_factory.mktemp("c-plugin") / "libscale_add.so")
+
+
+@pytest.fixture(scope="session")
+def rust_plugin() -> Path:
+    if shutil.which("cargo") is None:
+        pytest.skip("no cargo to build the Rust plugin")
+    env = dict(os.environ, CARGO_TARGET_DIR=str(RUST_TARGET_DIR))
+    cmd = ["cargo", "build", "--release", "--quiet", "--manifest-path", str(RUST_EXAMPLE)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    assert done.returncode == 0, done.stderr
+    return RUST_TARGET_DIR / "release" / "libscale_add_rs.so"
+
+
+@pytest.fixture(params=["c", "rust"])
+def plugin(request: pytest.FixtureRequest) -> Path:
+    return request.getfixturevalue(f"{request.param}_plugin")
+
+
+@pytest.fixture
+def loaded(plugin: Path) -> Iterator[ob.Library]:
+    with ob.load_library(plugin) as lib:
+        yield lib
+    assert not lib.loaded
+
+
+def test_get_include_ships_the_header() -> None:
+    header = Path(ob.get_include()) / "opbridge" / "plugin.h"
+    assert "#define OPBRIDGE_PLUGIN_ABI_VERSION 1" in header.read_text()
+    assert "opbridge_plugin_init" in header.read_text()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_both_versions_compute(loaded: ob.Library, plugin: Path, rng: np.random.Generator, dtype: type) -> None:
+    assert loaded.ops == [("scale_add", 1), ("scale_add", 2)]
+    assert loaded.path == str(plugin)
+    a: np.ndarray = rng.standard_normal(1000).astype(dtype)
+    b: np.ndarray = rng.standard_normal(1000).astype(dtype)
+    rtol = 1e-6 if dtype == np.float32 else 1e-12
+
+    v1 = ob.ops.get("scale_add", version=1)(a, b, alpha=2.0)
+    np.testing.assert_allclose(v1, a * 2 + b, rtol=rtol)
+    assert v1.dtype == dtype
+    latest = ob.ops.scale_add(a, b, alpha=2.0, beta=0.5)
+    np.testing.assert_allclose(latest, a * 2 + b * 0.5, rtol=rtol)
+    assert ob.ops.scale_add.version == 2
+    # The versions differ where they should, and agree at beta = 1.
+    assert not np.allclose(v1, latest)
+    np.testing.assert_allclose(ob.ops.scale_add(a, b, alpha=2.0), v1, rtol=rtol)
+    # Defaults come from the descriptor: alpha = beta = 1.
+    np.testing.assert_allclose(ob.ops.get("scale_add", version=2)(a, b), a + b, rtol=rtol)
+
+
+def test_strided_inputs_out_and_tensors(loaded: ob.Library) -> None:
+    base = np.arange(20, dtype=np.float64)
+    a, b = base[::2], base[1::2][::-1]
+    np.testing.assert_allclose(ob.ops.scale_add(a, b, alpha=3.0, beta=-1.0), a * 3 - b)
+    out = np.empty(10)
+    assert ob.ops.scale_add(a, b, out=out) is out
+    np.testing.assert_allclose(out, a + b)
+    m = np.arange(12, dtype=np.float32).reshape(3, 4)
+    np.testing.assert_allclose(ob.ops.scale_add(m.T, m.T, alpha=2.0), m.T * 3)
+    ta, tb = ob.asarray(a), ob.asarray(b)
+    t = ob.ops.get("scale_add", version=1)(ta, tb, alpha=2.0)
+    assert isinstance(t, ob.Tensor)
+    np.testing.assert_allclose(t.numpy(), a * 2 + b)
+
+
+def test_errors_are_typed(loaded: ob.Library) -> None:
+    a = np.ones(4, np.float32)
+    with pytest.raises(ob.ShapeError, match=r"scale_add: .*shape.*\[?5"):
+        ob.ops.scale_add(a, np.ones(5, np.float32))
+    with pytest.raises(ob.DTypeError, match="scale_add"):
+        ob.ops.scale_add(a, np.ones(4, np.float64))
+    with pytest.raises(ob.DTypeError, match="float32, float64"):
+        ob.ops.scale_add(np.ones(4, np.int32), np.ones(4, np.int32))
+    # A kernel's status and message: ArgumentError (a ValueError) with the kernel's words.
+    with pytest.raises(ob.ArgumentError, match="alpha and beta must be finite") as info:
+        ob.ops.scale_add(a, a, alpha=float("nan"))
+    assert isinstance(info.value, ValueError)
+    with pytest.raises(ob.ArgumentError, match="gamma"):
+        ob.ops.scale_add(a, a, gamma=1.0)
+
+
+def test_listed_with_their_source(loaded: ob.Library, plugin: Path) -> None:
+    info = next(op for op in ob.list_ops() if op["name"] == "scale_add")
+    assert info["versions"] == [1, 2]
+    assert info["source"] == str(plugin)
+    assert info["dtypes"] == ["float32", "float64"]
+    assert "scale_add" in repr(loaded) and "v2" in repr(loaded)
+    assert "example plugin" in (ob.ops.scale_add.__doc__ or "")
+
+
+def test_unload_unregisters_and_stale_ops_fail_cleanly(plugin: Path) -> None:
+    lib = ob.load_library(plugin)
+    op = ob.ops.get("scale_add", version=1)
+    a = np.ones(3)
+    np.testing.assert_allclose(op(a, a), 2 * a)
+    lib.unload()
+    assert not lib.loaded and "unloaded" in repr(lib)
+    lib.unload()  # twice: nothing happens
+    with pytest.raises(ob.OpBridgeError, match="unknown operator"):
+        ob.ops.get("scale_add")
+    with pytest.raises(AttributeError):
+        ob.ops.scale_add  # noqa: B018
+    with pytest.raises(ob.OpBridgeError, match="was unloaded"):
+        op(a, a)
+    assert all(info["name"] != "scale_add" for info in ob.list_ops())
+
+
+def test_loading_twice_is_an_error_and_keeps_the_first(loaded: ob.Library, plugin: Path) -> None:
+    with pytest.raises(ob.OpBridgeError, match="already registered"):
+        ob.load_library(plugin)
+    a = np.ones(2)
+    np.testing.assert_allclose(ob.ops.scale_add(a, a), 2 * a)
+
+
+def test_c_and_rust_plugins_agree(c_plugin: Path, rust_plugin: Path, rng: np.random.Generator) -> None:
+    a, b = rng.standard_normal(100), rng.standard_normal(100)
+    results = []
+    for path in (c_plugin, rust_plugin):
+        with ob.load_library(path):
+            results.append(ob.ops.scale_add(a, b, alpha=1.5, beta=-2.0))
+    np.testing.assert_array_equal(results[0], results[1])
+
+
+@pytest.mark.parametrize("hold_op", [False, True], ids=["lookup-per-call", "held-op"])
+def test_unload_under_concurrent_calls(plugin: Path, hold_op: bool) -> None:
+    lib = ob.load_library(plugin)
+    a = np.ones(1 << 18)  # big enough that calls release the GIL and overlap the unload
+    expected = a * 2 + a
+    stop = threading.Event()
+    outcomes: list[tuple[str, float]] = []  # (outcome, when the call started)
+    failures: list[BaseException] = []
+
+    def worker() -> None:
+        held = ob.ops.get("scale_add", version=1) if hold_op else None
+        try:
+            while not stop.is_set():
+                started = time.monotonic()
+                try:
+                    op = held if held is not None else ob.ops.get("scale_add", version=1)
+                    out = op(a, a, alpha=2.0)
+                    np.testing.assert_array_equal(out, expected)
+                    outcomes.append(("ok", started))
+                except ob.OpBridgeError as e:
+                    assert "unknown operator" in str(e) or "was unloaded" in str(e), str(e)
+                    outcomes.append(("gone", started))
+        except BaseException as e:  # reported below, not lost in the thread
+            failures.append(e)
+
+    def wait_for(condition: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + 10
+        while not condition() and time.monotonic() < deadline and not failures:
+            time.sleep(0.001)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    wait_for(lambda: sum(o == "ok" for o, _ in outcomes) >= 20)
+    lib.unload()
+    unloaded = time.monotonic()
+    wait_for(lambda: sum(s > unloaded for _, s in outcomes) >= 20)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert not failures, failures
+    assert sum(o == "ok" for o, _ in outcomes) >= 20
+    # Calls begun before the unload may complete; every call begun after it fails cleanly.
+    after = [o for o, started in outcomes if started > unloaded]
+    assert len(after) >= 20 and set(after) == {"gone"}
+
+
+def test_reload_after_rebuilding_the_same_path(tmp_path: Path) -> None:
+    source = C_EXAMPLE.read_text()
+    changed = tmp_path / "changed.c"
+    changed.write_text(source.replace("pa[i] * al + pb[i] * be;", "pa[i] * al + pb[i] * be + 1000;"))
+    path = tmp_path / "libscale_add.so"
+    a = np.ones(4, np.float32)
+    for src, offset in [(C_EXAMPLE, 0), (changed, 1000), (C_EXAMPLE, 0)]:
+        cc(src, path)
+        with ob.load_library(path):
+            np.testing.assert_array_equal(ob.ops.scale_add(a, a), 2 * a + offset)
+
+
+def test_invalid_files_raise(tmp_path: Path) -> None:
+    text = tmp_path / "libnot_a_plugin.so"
+    text.write_text("not an ELF file")
+    with pytest.raises(ob.OpBridgeError, match="not a loadable shared library"):
+        ob.load_library(text)
+    with pytest.raises(ob.OpBridgeError, match="no such file"):
+        ob.load_library(tmp_path / "missing.so")
+    plain = tmp_path / "plain.c"
+    plain.write_text("int answer(void) { return 42; }\n")
+    with pytest.raises(ob.OpBridgeError, match="opbridge_plugin_init"):
+        ob.load_library(cc(plain, tmp_path / "libplain.so"))
+    wrong_abi = tmp_path / "wrong_abi.c"
+    wrong_abi.write_text(
+        "#include <opbridge/plugin.h>\n"
+        "OPB_EXPORT int opbridge_plugin_init(const OpbPluginHost *h, OpbPluginInfo *info) {\n"
+        "  (void)h; info->abi_version = 99; return OPB_ERR_ABI_MISMATCH; }\n"
+    )
+    with pytest.raises(ob.OpBridgeError, match="ABI version mismatch"):
+        ob.load_library(cc(wrong_abi, tmp_path / "libwrong_abi.so"))
+
+
+def test_library_class_loads_too(c_plugin: Path) -> None:
+    lib = ob.Library(c_plugin)
+    try:
+        assert isinstance(lib, ob.Library) and lib.loaded
+    finally:
+        lib.unload()
+
