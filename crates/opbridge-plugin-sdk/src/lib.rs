@@ -117,7 +117,7 @@ pub enum Status {
     Shape,
     /// `opbridge.DTypeError` (a `TypeError`).
     DType,
-    /// Any other failure.
+    /// Any other failure (raised like built-in kernels' errors: `opbridge.ArgumentError` today).
     Failed,
 }
 

@@ -111,7 +111,8 @@ typedef enum {
   OPB_ERR_SHAPE = 2,            /* opbridge.ShapeError (a ValueError): shapes that do not combine */
   OPB_ERR_DTYPE = 3,            /* opbridge.DTypeError (a TypeError): dtypes the op does not take */
   OPB_ERR_ABI_MISMATCH = 4,     /* from opbridge_plugin_init only: the host speaks another ABI */
-  OPB_ERR_FAILED = 5            /* any other failure: opbridge.OpBridgeError; unknown codes too */
+  OPB_ERR_FAILED = 5            /* any other failure (unknown codes too): the kernel-error class of
+                                   built-in operators, opbridge.ArgumentError today */
 } OpbStatus;
 
 /* dtype initializers for descriptor arrays (lanes = 1), e.g.
