@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "maturin>=1.7,<2" "numpy>=1.24" "pytest>=7" "mypy>=1.8" "psutil>=5"
+	$(PY) -m pip install -q "maturin>=1.7,<2" "numpy>=1.24" "pytest>=7" "mypy>=1.8" "psutil>=5" "typing_extensions>=4.12"
 
 setup: $(PY) build
 

@@ -6,12 +6,12 @@
 //! a NaN anywhere in a row makes the whole row NaN, and a row of `-inf` gives NaN, as the numpy
 //! expression `exp(x - max) / sum(exp(x - max))` and torch do. float16 rows are widened to
 //! float32 and rounded once at the end. Sums (softmax's denominator, layer_norm's mean and
-//! variance, rms_norm's mean square) accumulate in float64 for every dtype (16 lanes,
-//! plain summation per lane), which is at least as accurate as float32 accumulation for float16
-//! and than compensated float32 for float32. Elementwise math runs in float32 for float16 and
-//! float32 (`exp` is a vectorizable polynomial accurate to about 1 ulp), in float64 for float64;
-//! the normalizations apply mean and 1/std in float64. layer_norm uses the biased variance
-//! (two passes: mean, then squared deviations), as torch does.
+//! variance, rms_norm's mean square) accumulate in float64 for every dtype (16 lanes, plain
+//! summation per lane): more than the float32 accumulation torch uses for float16, and at least
+//! as accurate as compensated float32 for float32. Elementwise math runs in float32 for
+//! float16 and float32 (`exp` is a vectorizable polynomial accurate to about 1 ulp), in float64
+//! for float64; the normalizations apply mean and 1/std in float64. layer_norm uses the biased
+//! variance (two passes: mean, then squared deviations), as torch does.
 //!
 //! Rows whose elements are contiguous in both `x` and `out` run in place on the memory;
 //! other layouts gather each row into a scratch buffer and scatter the result.

@@ -7,10 +7,12 @@
 //! 16 independent lanes, blocks combined in a binary tree), in a wider accumulator: float16 in
 //! float32 (as numpy), float32 in float64 (numpy stays in float32, so ours is at least as
 //! accurate), float64 in float64. Reducing an axis that is not the innermost in memory (axis 0
-//! of a row-major matrix) walks whole rows and accumulates per output column, which is plain
-//! summation per column in the same wider accumulators (numpy does the same, in the input's
-//! own dtype). Integer sums wrap in int64; integer means sum in float64, as numpy does.
-//! Parallel sums split the work into pieces of a fixed size, so results do not depend on the
+//! of a row-major matrix) walks whole rows and accumulates per output column, as numpy does:
+//! blocks of up to 128 rows are summed in float32 (float16/float32 input) or float64, and the
+//! block sums are added into the wide accumulator above, so the error grows with the block
+//! length, not with the number of rows (numpy sums such columns naively in the input dtype).
+//! Integer sums wrap in int64; integer means sum in float64, as numpy does. Parallel
+//! reductions split the work into pieces of a fixed size, so results do not depend on the
 //! number of threads.
 #![allow(unsafe_code)]
 

@@ -1,0 +1,58 @@
+"""Plugin operator call overhead against the built-in operator doing the same work.
+
+Builds the C example plugin (`examples/plugins/c/scale_add.c`, `-O3`) into benchmarks/_build,
+loads it, and times `scale_add(a, b, alpha=1.0)` (a*1 + b) against the built-in `add(a, b)` at
+n=4 (call overhead) and n=64K (kernel plus overhead), float32. Target: within 10%.
+
+    python benchmarks/bench_plugin.py
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _timing import best_call_time, fmt_time  # noqa: E402
+
+import opbridge as ob  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCE = ROOT / "examples" / "plugins" / "c" / "scale_add.c"
+BUILD = ROOT / "benchmarks" / "_build" / "plugin"
+
+
+def build() -> Path:
+    BUILD.mkdir(parents=True, exist_ok=True)
+    out = BUILD / "libscale_add_bench.so"
+    if not out.exists() or out.stat().st_mtime < SOURCE.stat().st_mtime:
+        cmd = [os.environ.get("CC", "cc"), "-O3", "-shared", "-fPIC", "-I", ob.get_include(), str(SOURCE), "-o", str(out)]
+        subprocess.run(cmd, check=True)
+    return out
+
+
+def main() -> None:
+    library = ob.load_library(str(build()))
+    try:
+        plugin = ob.ops.get("scale_add", version=1)
+        builtin = ob.ops.get("add")
+        print("# plugin (C, scale_add alpha=1) vs built-in add, float32\n")
+        print("| n | plugin | built-in | ratio |")
+        print("|---|---:|---:|---:|")
+        for n in (4, 1 << 16):
+            a = np.ones(n, np.float32)
+            b = np.ones(n, np.float32)
+            np.testing.assert_array_equal(plugin(a, b, alpha=1.0), builtin(a, b))
+            t_plugin = best_call_time(lambda: plugin(a, b, alpha=1.0))
+            t_builtin = best_call_time(lambda: builtin(a, b))
+            print(f"| {n} | {fmt_time(t_plugin)} | {fmt_time(t_builtin)} | {t_plugin / t_builtin:.2f} |")
+    finally:
+        library.unload()
+
+
+if __name__ == "__main__":
+    main()
