@@ -36,7 +36,10 @@ pub fn set_thresholds(values: &Bound<'_, PyDict>) -> PyResult<()> {
         })
     };
     tuning::set(Thresholds {
-        elementwise_parallel_min_elems: pick("elementwise_parallel_min_elems", defaults.elementwise_parallel_min_elems)?,
+        elementwise_parallel_min_elems: pick(
+            "elementwise_parallel_min_elems",
+            defaults.elementwise_parallel_min_elems,
+        )?,
         matmul_parallel_min_flops: pick("matmul_parallel_min_flops", defaults.matmul_parallel_min_flops)?,
     });
     Ok(())

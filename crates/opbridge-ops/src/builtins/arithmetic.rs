@@ -4,7 +4,7 @@
 
 use opbridge_runtime::DType;
 
-use super::required;
+use super::{kernel, required};
 use crate::error::{OpError, Result};
 use crate::kernels::binary::{binary, binary_result_dtype, BinaryOp};
 use crate::kernels::broadcast::broadcast_shapes;
@@ -15,10 +15,6 @@ use crate::schema::{AttrValue, Meta};
 use crate::view::TensorView;
 
 const FLOATS: [DType; 3] = [DType::F16, DType::F32, DType::F64];
-
-fn kernel(op: &str) -> impl Fn(String) -> OpError + '_ {
-    move |message| OpError::Kernel { op: op.to_string(), message }
-}
 
 pub fn all() -> Result<Vec<OpDef>> {
     let mut ops = Vec::new();
@@ -62,8 +58,11 @@ fn binary_op(op: BinaryOp) -> Result<OpDef> {
         })
         .infer(move |inputs, _| {
             let (a, b) = (required(inputs, 0), required(inputs, 1));
-            let shape = broadcast_shapes(&[&a.shape, &b.shape])
-                .map_err(|message| OpError::Shape { op: name, expected: "broadcastable shapes".into(), got: message })?;
+            let shape = broadcast_shapes(&[&a.shape, &b.shape]).map_err(|message| OpError::Shape {
+                op: name,
+                expected: "broadcastable shapes".into(),
+                got: message,
+            })?;
             Ok(vec![Meta { dtype: binary_result_dtype(op, a.dtype, b.dtype), shape }])
         })
         .cpu(move |inputs, outputs, _| {
@@ -122,7 +121,9 @@ fn gelu_form(approximate: &str) -> Result<UnaryOp> {
 
 fn gelu() -> Result<OpDef> {
     OpBuilder::new("gelu", 1)
-        .doc("GELU activation: `x * Phi(x)` with the exact erf form, or the tanh approximation with approximate='tanh'.")
+        .doc(
+            "GELU activation: `x * Phi(x)` with the exact erf form, or the tanh approximation with approximate='tanh'.",
+        )
         .input("x")
         .attr("approximate", Some(AttrValue::Str("none".into())), "'none' (erf form) or 'tanh'.")
         .dtypes(&FLOATS)
@@ -141,9 +142,7 @@ fn gelu() -> Result<OpDef> {
 
 fn target_dtype(attrs: &crate::schema::Attrs) -> Result<DType> {
     let name = attrs.str("dtype")?;
-    DType::from_name(name).ok_or_else(|| {
-        OpError::unsupported_dtype("cast", &DType::ALL, name)
-    })
+    DType::from_name(name).ok_or_else(|| OpError::unsupported_dtype("cast", &DType::ALL, name))
 }
 
 fn cast() -> Result<OpDef> {
@@ -173,7 +172,11 @@ fn contiguous() -> Result<OpDef> {
 
 /// The permutation `axes` (default: reversed), checked like numpy's `transpose`.
 fn permutation(ndim: usize, axes: &crate::schema::AttrValue) -> Result<Vec<usize>> {
-    let bad = |message: String| OpError::Shape { op: "transpose", expected: format!("a permutation of 0..{ndim}"), got: message };
+    let bad = |message: String| OpError::Shape {
+        op: "transpose",
+        expected: format!("a permutation of 0..{ndim}"),
+        got: message,
+    };
     let axes: Vec<i64> = match axes {
         AttrValue::None => return Ok((0..ndim).rev().collect()),
         AttrValue::Ints(v) => v.clone(),

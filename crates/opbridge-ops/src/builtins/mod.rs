@@ -11,15 +11,26 @@ use crate::view::TensorView;
 use crate::{check_matmul, check_vector_add, Alias};
 
 mod arithmetic;
+mod reductions;
 
 /// Registers every built-in operator.
 pub fn register_all(registry: &Registry) -> Result<()> {
     let mut ops = vec![vector_add()?, matmul()?];
     ops.extend(arithmetic::all()?);
+    ops.extend(reductions::all()?);
     for op in ops {
         registry.register(Arc::new(op), Source::Builtin)?;
     }
     Ok(())
+}
+
+/// Maps a kernel's refusal to `OpError::Kernel`, without repeating the op name the kernel's
+/// message may already start with.
+fn kernel(op: &str) -> impl Fn(String) -> crate::error::OpError + '_ {
+    move |message| {
+        let message = message.strip_prefix(&format!("{op}: ")).map(str::to_string).unwrap_or(message);
+        crate::error::OpError::Kernel { op: op.to_string(), message }
+    }
 }
 
 fn required(inputs: &[Option<Meta>], i: usize) -> &Meta {
