@@ -167,11 +167,11 @@ impl Attrs {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Meta {
     pub dtype: DType,
-    pub shape: Vec<usize>,
+    pub shape: crate::view::Dims,
 }
 
 impl Meta {
     pub fn new(dtype: DType, shape: &[usize]) -> Meta {
-        Meta { dtype, shape: shape.to_vec() }
+        Meta { dtype, shape: shape.into() }
     }
 }

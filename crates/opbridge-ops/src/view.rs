@@ -3,26 +3,37 @@
 //! memory outlives the kernel call (the numpy path holds the arrays, streams hold pool blocks).
 
 use opbridge_runtime::{DType, Tensor};
+use smallvec::SmallVec;
+
+/// A shape: inline up to 6 dimensions, so describing a call allocates nothing in the usual case.
+pub type Dims = SmallVec<[usize; 6]>;
+/// Strides in elements, inline like [`Dims`].
+pub type Strides = SmallVec<[isize; 6]>;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TensorView {
     /// Address of element 0 (inside a host allocation).
     pub data: usize,
     pub dtype: DType,
-    pub shape: Vec<usize>,
+    pub shape: Dims,
     /// Strides in elements; may be 0 (broadcast) or negative (reversed views).
-    pub strides: Vec<isize>,
+    pub strides: Strides,
 }
 
 impl TensorView {
     /// A C-contiguous view.
     pub fn contiguous(data: usize, dtype: DType, shape: &[usize]) -> TensorView {
-        TensorView { data, dtype, shape: shape.to_vec(), strides: opbridge_runtime::tensor::contiguous_strides(shape) }
+        TensorView {
+            data,
+            dtype,
+            shape: shape.into(),
+            strides: opbridge_runtime::tensor::contiguous_strides(shape).into(),
+        }
     }
 
     /// The view of a tensor's memory (host-accessible devices only).
     pub fn of_tensor(t: &Tensor) -> TensorView {
-        TensorView { data: t.data_ptr().0, dtype: t.dtype(), shape: t.shape().to_vec(), strides: t.strides().to_vec() }
+        TensorView { data: t.data_ptr().0, dtype: t.dtype(), shape: t.shape().into(), strides: t.strides().into() }
     }
 
     pub fn ndim(&self) -> usize {

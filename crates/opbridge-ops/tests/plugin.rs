@@ -193,7 +193,12 @@ fn the_c_example_registers_both_versions_and_computes() {
     let a_buf: Vec<f64> = (0..8).map(f64::from).collect();
     let b: Vec<f64> = vec![1.0; 4];
     let mut out = vec![0f64; 4];
-    let a = TensorView { data: a_buf.as_ptr() as usize, dtype: DType::F64, shape: vec![4], strides: vec![2] };
+    let a = TensorView {
+        data: a_buf.as_ptr() as usize,
+        dtype: DType::F64,
+        shape: smallvec::smallvec![4],
+        strides: smallvec::smallvec![2],
+    };
     let bv = TensorView::contiguous(b.as_ptr() as usize, DType::F64, &[4]);
     let ov = TensorView::contiguous(out.as_mut_ptr() as usize, DType::F64, &[4]);
     for (version, attrs, want) in [

@@ -135,7 +135,7 @@ fn view_of(array: &HostArray<'_>) -> TensorView {
     TensorView {
         data: array.layout().data,
         dtype: array.dtype,
-        shape: array.shape().to_vec(),
+        shape: array.shape().into(),
         strides: array.array.strides().iter().map(|s| s / size).collect(),
     }
 }

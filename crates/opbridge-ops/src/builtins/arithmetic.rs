@@ -63,7 +63,7 @@ fn binary_op(op: BinaryOp) -> Result<OpDef> {
                 expected: "broadcastable shapes".into(),
                 got: message,
             })?;
-            Ok(vec![Meta { dtype: binary_result_dtype(op, a.dtype, b.dtype), shape }])
+            Ok(vec![Meta { dtype: binary_result_dtype(op, a.dtype, b.dtype), shape: shape.into() }])
         })
         .cpu(move |inputs, outputs, _| {
             let (a, b) = (inputs[0].as_ref().expect("a"), inputs[1].as_ref().expect("b"));

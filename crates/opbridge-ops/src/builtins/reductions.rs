@@ -59,7 +59,7 @@ fn reduction(op: ReduceOp) -> Result<OpDef> {
             let x = required(inputs, 0);
             let keepdims = op != ReduceOp::ArgMax && attrs.bool("keepdims")?;
             let shape = reduce_shape(&x.shape, axis_of(attrs)?, keepdims).map_err(shape_error(name))?;
-            Ok(vec![Meta { dtype: reduce_result_dtype(op, x.dtype), shape }])
+            Ok(vec![Meta { dtype: reduce_result_dtype(op, x.dtype), shape: shape.into() }])
         })
         .cpu(move |inputs, outputs, attrs| {
             // SAFETY: views valid per the registry's contract; the output is disjoint.
@@ -104,7 +104,7 @@ fn softmax(name: &'static str, log: bool) -> Result<OpDef> {
 fn check_param(op: &'static str, what: &str, x: &Meta, param: Option<&Meta>) -> Result<()> {
     let Some(p) = param else { return Ok(()) };
     let last = x.shape.last().copied().unwrap_or(1);
-    if p.shape != [last] {
+    if p.shape.as_slice() != [last] {
         return Err(OpError::Shape {
             op,
             expected: format!("{what} of shape ({last},)"),
@@ -215,7 +215,7 @@ fn embedding() -> Result<OpDef> {
                     got: format!("{:?}", w.shape),
                 });
             };
-            Ok(vec![Meta { dtype: w.dtype, shape: vec![off.shape[0], dim] }])
+            Ok(vec![Meta { dtype: w.dtype, shape: [off.shape[0], dim].as_slice().into() }])
         })
         .cpu(|inputs, outputs, attrs| {
             let get = |i: usize| inputs[i].as_ref().expect("required input");
@@ -246,7 +246,7 @@ fn batched() -> Result<OpDef> {
                 expected: "shapes valid for `@`".into(),
                 got: message,
             })?;
-            Ok(vec![Meta { dtype: a.dtype.promote(b.dtype), shape }])
+            Ok(vec![Meta { dtype: a.dtype.promote(b.dtype), shape: shape.into() }])
         })
         .cpu(|inputs, outputs, _| {
             let (a, b) = (inputs[0].as_ref().expect("a"), inputs[1].as_ref().expect("b"));

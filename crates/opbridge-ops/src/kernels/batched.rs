@@ -96,16 +96,16 @@ pub unsafe fn batched_matmul(a: &TensorView, b: &TensorView, out: &TensorView) -
         ));
     }
     let shape = matmul_shapes(&a.shape, &b.shape)?;
-    if out.shape != shape {
+    if out.shape.as_slice() != shape.as_slice() {
         return Err(format!("matmul: out must have shape {shape:?}, got {:?}", out.shape));
     }
 
     // Promote 1-D operands to matrices; give `out` the removed dimensions back (size 1).
     let (a_vec, b_vec) = (a.ndim() == 1, b.ndim() == 1);
     let (a_shape, a_strides) =
-        if a_vec { (vec![1, a.shape[0]], vec![0, a.strides[0]]) } else { (a.shape.clone(), a.strides.clone()) };
+        if a_vec { (vec![1, a.shape[0]], vec![0, a.strides[0]]) } else { (a.shape.to_vec(), a.strides.to_vec()) };
     let (b_shape, b_strides) =
-        if b_vec { (vec![b.shape[0], 1], vec![b.strides[0], 0]) } else { (b.shape.clone(), b.strides.clone()) };
+        if b_vec { (vec![b.shape[0], 1], vec![b.strides[0], 0]) } else { (b.shape.to_vec(), b.strides.to_vec()) };
     let batch_nd = shape.len() - usize::from(!a_vec) - usize::from(!b_vec);
     let batch = &shape[..batch_nd];
     let m = a_shape[a_shape.len() - 2];
@@ -433,7 +433,7 @@ mod tests {
     }
 
     fn c_order(shape: &[usize]) -> Layout {
-        Layout { shape: shape.to_vec(), strides: opbridge_runtime::tensor::contiguous_strides(shape), offset: 0 }
+        Layout { shape: shape.into(), strides: opbridge_runtime::tensor::contiguous_strides(shape), offset: 0 }
     }
 
     /// The last two dimensions stored transposed.
@@ -443,14 +443,14 @@ mod tests {
         stored.swap(nd - 2, nd - 1);
         let mut strides = opbridge_runtime::tensor::contiguous_strides(&stored);
         strides.swap(nd - 2, nd - 1);
-        Layout { shape: shape.to_vec(), strides, offset: 0 }
+        Layout { shape: shape.into(), strides, offset: 0 }
     }
 
     /// Every dimension reversed (negative strides).
     fn reversed(shape: &[usize]) -> Layout {
         let strides: Vec<isize> = opbridge_runtime::tensor::contiguous_strides(shape).iter().map(|s| -s).collect();
         let offset = shape.iter().zip(&strides).map(|(&d, &s)| (d as isize - 1) * -s).sum();
-        Layout { shape: shape.to_vec(), strides, offset }
+        Layout { shape: shape.into(), strides, offset }
     }
 
     fn span(l: &Layout) -> usize {
@@ -475,8 +475,8 @@ mod tests {
         TensorView {
             data: buf.as_ptr().wrapping_offset(l.offset) as usize,
             dtype: T::DTYPE,
-            shape: l.shape.clone(),
-            strides: l.strides.clone(),
+            shape: l.shape.clone().into(),
+            strides: l.strides.clone().into(),
         }
     }
 
@@ -707,7 +707,7 @@ mod tests {
                 "matmul: a, b and out must share one dtype, got float32, float64 and float32"
             );
             let vb = TensorView { dtype: DType::F32, ..vb };
-            let wrong = TensorView { shape: vec![4], strides: vec![1], ..vo.clone() };
+            let wrong = TensorView { shape: smallvec::smallvec![4], strides: smallvec::smallvec![1], ..vo.clone() };
             assert_eq!(batched_matmul(&va, &vb, &wrong).unwrap_err(), "matmul: out must have shape [2, 2], got [4]");
             assert!(batched_matmul(&va, &va, &vo).unwrap_err().contains("mismatch in its core dimension"));
         }

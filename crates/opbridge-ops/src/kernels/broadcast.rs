@@ -60,7 +60,7 @@ pub fn broadcast_shapes(shapes: &[&[usize]]) -> Result<Vec<usize>, String> {
 /// `np.broadcast_to` rule: only size-1 dimensions stretch, and `shape` has at least as many
 /// dimensions).
 pub fn try_broadcast_view(view: &TensorView, shape: &[usize]) -> Result<TensorView, String> {
-    if view.shape == shape {
+    if view.shape.as_slice() == shape {
         return Ok(view.clone());
     }
     let fail =
@@ -77,7 +77,7 @@ pub fn try_broadcast_view(view: &TensorView, shape: &[usize]) -> Result<TensorVi
             return Err(fail());
         }
     }
-    Ok(TensorView { data: view.data, dtype: view.dtype, shape: shape.to_vec(), strides })
+    Ok(TensorView { data: view.data, dtype: view.dtype, shape: shape.into(), strides: strides.into() })
 }
 
 /// `view` broadcast to `shape` (stride 0 on broadcast dimensions).
@@ -533,7 +533,7 @@ pub(crate) mod testing {
         let bytes = (high - low + 1) as usize * dtype.size();
         let buf = vec![0u64; bytes.div_ceil(8) + 1];
         let data = buf.as_ptr() as usize + (-low) as usize * dtype.size();
-        Owned { _buf: buf, view: TensorView { data, dtype, shape: shape.to_vec(), strides } }
+        Owned { _buf: buf, view: TensorView { data, dtype, shape: shape.into(), strides: strides.into() } }
     }
 
     /// Element offsets of `view` in logical (C) order.
@@ -608,16 +608,21 @@ mod tests {
 
     #[test]
     fn broadcast_view_sets_zero_strides() {
-        let v = TensorView { data: 64, dtype: DType::F32, shape: vec![3, 1], strides: vec![-2, 7] };
+        let v = TensorView {
+            data: 64,
+            dtype: DType::F32,
+            shape: smallvec::smallvec![3, 1],
+            strides: smallvec::smallvec![-2, 7],
+        };
         let b = broadcast_view(&v, &[2, 3, 4]);
-        assert_eq!(b.shape, [2, 3, 4]);
-        assert_eq!(b.strides, [0, -2, 0]);
+        assert_eq!(b.shape.as_slice(), [2, 3, 4]);
+        assert_eq!(b.strides.as_slice(), [0, -2, 0]);
         assert_eq!(b.data, 64);
         assert_eq!(broadcast_view(&v, &[3, 1]), v);
         assert!(try_broadcast_view(&v, &[3, 2, 1]).is_err());
         assert!(try_broadcast_view(&v, &[1]).is_err());
         let scalar = TensorView::contiguous(8, DType::I64, &[]);
-        assert_eq!(broadcast_view(&scalar, &[0, 2]).strides, [0, 0]);
+        assert_eq!(broadcast_view(&scalar, &[0, 2]).strides.as_slice(), [0, 0]);
     }
 
     #[test]
@@ -669,18 +674,18 @@ mod tests {
         let y = alloc(DType::F32, &[4, 4], Layout::Contiguous).view;
         assert_eq!(view_overlap(&x, &x), ViewOverlap::Exact);
         assert_eq!(view_overlap(&x, &y), ViewOverlap::Disjoint);
-        let xt = TensorView { strides: vec![1, 4], ..x.clone() };
+        let xt = TensorView { strides: smallvec::smallvec![1, 4], ..x.clone() };
         assert_eq!(view_overlap(&x, &xt), ViewOverlap::Partial);
         // A row of `x` broadcast over it.
-        let row = TensorView { shape: vec![4], strides: vec![1], ..x.clone() };
+        let row = TensorView { shape: smallvec::smallvec![4], strides: smallvec::smallvec![1], ..x.clone() };
         assert_eq!(view_overlap(&x, &row), ViewOverlap::Partial);
         // Size-1 dimensions may carry any stride.
-        let col = TensorView { shape: vec![4, 1], strides: vec![4, 1], ..x.clone() };
-        let col2 = TensorView { strides: vec![4, 99], ..col.clone() };
+        let col = TensorView { shape: smallvec::smallvec![4, 1], strides: smallvec::smallvec![4, 1], ..x.clone() };
+        let col2 = TensorView { strides: smallvec::smallvec![4, 99], ..col.clone() };
         assert_eq!(view_overlap(&col, &col2), ViewOverlap::Exact);
         let as_int = TensorView { dtype: DType::I32, ..x.clone() };
         assert_eq!(view_overlap(&x, &as_int), ViewOverlap::Partial);
-        let empty = TensorView { shape: vec![0, 4], ..x.clone() };
+        let empty = TensorView { shape: smallvec::smallvec![0, 4], ..x.clone() };
         assert_eq!(view_overlap(&empty, &x), ViewOverlap::Disjoint);
     }
 

@@ -87,7 +87,7 @@ pub unsafe fn embedding_bag(
     if out.dtype != weight.dtype {
         return Err(format!("{OP}: out must have dtype {} like weight, got {}", weight.dtype, out.dtype));
     }
-    if out.shape != [bags, dim] {
+    if out.shape.as_slice() != [bags, dim] {
         return Err(format!("{OP}: out must have shape [{bags}, {dim}] (bags, dim), got {:?}", out.shape));
     }
 
@@ -284,13 +284,13 @@ mod tests {
         TensorView {
             data: v.as_ptr().wrapping_offset(offset) as usize,
             dtype: T::DTYPE,
-            shape: shape.to_vec(),
-            strides: strides.to_vec(),
+            shape: shape.into(),
+            strides: strides.into(),
         }
     }
 
     fn view_mut<T: Element>(v: &mut [T], shape: &[usize], strides: &[isize]) -> TensorView {
-        TensorView { data: v.as_mut_ptr() as usize, dtype: T::DTYPE, shape: shape.to_vec(), strides: strides.to_vec() }
+        TensorView { data: v.as_mut_ptr() as usize, dtype: T::DTYPE, shape: shape.into(), strides: strides.into() }
     }
 
     fn ints<I: Element>(v: &[i64]) -> Vec<I> {
@@ -428,7 +428,7 @@ mod tests {
         let o = view_mut(&mut out, &[2, 2], &[2, 1]);
         let call = |rows: &[i64], offsets: &[i64]| {
             let (rows, offsets) = (ints::<i64>(rows), ints::<i32>(offsets));
-            let o = TensorView { shape: vec![offsets.len(), 2], ..o.clone() };
+            let o = TensorView { shape: smallvec::smallvec![offsets.len(), 2], ..o.clone() };
             // SAFETY: views over live buffers; validation runs before any weight read.
             unsafe {
                 embedding_bag(
@@ -475,7 +475,7 @@ mod tests {
                 embedding_bag(&weight, &fl, &f, BagMode::Max, &o).unwrap_err(),
                 "embedding_bag: indices must be int32 or int64, got float32"
             );
-            let wrong = TensorView { shape: vec![3, 2], ..o.clone() };
+            let wrong = TensorView { shape: smallvec::smallvec![3, 2], ..o.clone() };
             assert_eq!(
                 embedding_bag(&weight, &r, &f, BagMode::Max, &wrong).unwrap_err(),
                 "embedding_bag: out must have shape [2, 2] (bags, dim), got [3, 2]"

@@ -333,7 +333,7 @@ where
     let (shape, xs, os) = if x.ndim() == 0 {
         (vec![1], vec![1], vec![1])
     } else {
-        (x.shape.clone(), x.strides.clone(), out.strides.clone())
+        (x.shape.to_vec(), x.strides.to_vec(), out.strides.to_vec())
     };
     let len = shape[axis];
     let (x_step, o_step) = (xs[axis], os[axis]);
@@ -438,7 +438,7 @@ fn check_param(op: &str, what: &str, p: &TensorView, x: &TensorView) -> Result<(
     if p.dtype != x.dtype {
         return Err(format!("{op}: {what} must have dtype {} like x, got {}", x.dtype, p.dtype));
     }
-    if p.shape != [last] || p.strides.len() != 1 {
+    if p.shape.as_slice() != [last] || p.strides.len() != 1 {
         return Err(format!("{op}: {what} must have shape [{last}] (the last dimension of x), got {:?}", p.shape));
     }
     Ok(())
@@ -568,8 +568,8 @@ mod tests {
         TensorView {
             data: v.as_ptr().wrapping_offset(offset) as usize,
             dtype: T::DTYPE,
-            shape: shape.to_vec(),
-            strides: strides.to_vec(),
+            shape: shape.into(),
+            strides: strides.into(),
         }
     }
 
@@ -577,8 +577,8 @@ mod tests {
         TensorView {
             data: v.as_mut_ptr().wrapping_offset(offset) as usize,
             dtype: T::DTYPE,
-            shape: shape.to_vec(),
-            strides: strides.to_vec(),
+            shape: shape.into(),
+            strides: strides.into(),
         }
     }
 
@@ -661,7 +661,7 @@ mod tests {
 
     /// Compares `out` with `reference` applied to every line of `x` along `axis`.
     fn compare(x: &TensorView, out: &TensorView, axis: usize, reference: impl Fn(&[f64]) -> Vec<f64>) {
-        let shape = if x.ndim() == 0 { vec![1] } else { x.shape.clone() };
+        let shape = if x.ndim() == 0 { vec![1] } else { x.shape.to_vec() };
         let scalar = |v: &TensorView, idx: &[usize]| if v.ndim() == 0 { get(v, &[]) } else { get(v, idx) };
         for line in lines(&shape, axis) {
             let row: Vec<f64> = line.iter().map(|idx| scalar(x, idx)).collect();

@@ -173,9 +173,9 @@ pub unsafe fn reduce(op: ReduceOp, x: &TensorView, axis: Option<isize>, out: &Te
     let keep = reduce_shape(&x.shape, axis.map(|a| a as isize), true)?;
     let drop = reduce_shape(&x.shape, axis.map(|a| a as isize), false)?;
     // The stride of `out` along each dimension of `x` (0 along reduced dimensions).
-    let os: Vec<isize> = if out.shape == keep {
+    let os: Vec<isize> = if out.shape.as_slice() == keep.as_slice() {
         (0..ndim).map(|d| if reduced[d] { 0 } else { out.strides[d] }).collect()
-    } else if out.shape == drop {
+    } else if out.shape.as_slice() == drop.as_slice() {
         let mut kept = out.strides.iter();
         (0..ndim).map(|d| if reduced[d] { 0 } else { *kept.next().expect("one stride per kept dim") }).collect()
     } else {
@@ -1041,8 +1041,8 @@ mod tests {
         TensorView {
             data: v.as_ptr().wrapping_offset(offset) as usize,
             dtype: T::DTYPE,
-            shape: shape.to_vec(),
-            strides: strides.to_vec(),
+            shape: shape.into(),
+            strides: strides.into(),
         }
     }
 
@@ -1389,7 +1389,7 @@ mod tests {
         // SAFETY: as above.
         let err = unsafe { reduce(ReduceOp::Max, &x, Some(2), &output(&mut o32, &[2])) }.unwrap_err();
         assert_eq!(err, "axis 2 is out of bounds for array of dimension 2");
-        let bad = TensorView { strides: vec![1], ..x.clone() };
+        let bad = TensorView { strides: smallvec::smallvec![1], ..x.clone() };
         // SAFETY: as above.
         assert!(unsafe { reduce(ReduceOp::Max, &bad, None, &output(&mut o32[..1], &[])) }.is_err());
     }
@@ -1402,8 +1402,8 @@ mod tests {
         let o = TensorView {
             data: out.as_mut_ptr().wrapping_add(6) as usize,
             dtype: DType::F64,
-            shape: vec![4],
-            strides: vec![-2],
+            shape: smallvec::smallvec![4],
+            strides: smallvec::smallvec![-2],
         };
         // SAFETY: views over live buffers, disjoint.
         unsafe { reduce(ReduceOp::Sum, &input(&v, &[3, 4]), Some(0), &o) }.unwrap();

@@ -402,7 +402,7 @@ impl Operator for PluginOp {
                 let shape = m.shape[..ndim]
                     .iter()
                     .map(|&d| usize::try_from(d).map_err(|_| bad(i, format!("shape {:?}", &m.shape[..ndim]))))
-                    .collect::<Result<Vec<usize>>>()?;
+                    .collect::<Result<crate::view::Dims>>()?;
                 Ok(Meta { dtype, shape })
             })
             .collect()
