@@ -56,7 +56,7 @@ pub(crate) trait Real:
 }
 
 macro_rules! real {
-    ($t:ty, $erfc:path) => {
+    ($t:ty, $erfc:path, $exp:path, $tanh:path) => {
         impl Real for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
@@ -75,7 +75,7 @@ macro_rules! real {
             }
             #[inline(always)]
             fn exp(self) -> Self {
-                <$t>::exp(self)
+                $exp(self)
             }
             #[inline(always)]
             fn ln(self) -> Self {
@@ -87,7 +87,7 @@ macro_rules! real {
             }
             #[inline(always)]
             fn tanh(self) -> Self {
-                <$t>::tanh(self)
+                $tanh(self)
             }
             #[inline(always)]
             fn erfc(self) -> Self {
@@ -100,8 +100,68 @@ macro_rules! real {
         }
     };
 }
-real!(f32, libm::erfcf);
-real!(f64, libm::erfc);
+real!(f32, libm::erfcf, exp_f32, tanh_f32);
+real!(f64, libm::erfc, f64::exp, f64::tanh);
+
+/// `e^x` in float32 without branches or libm calls, so loops over it vectorize (libm's `expf`
+/// is a call per element): Cephes' polynomial after the Cody-Waite reduction `x = n ln 2 + r`,
+/// about 1 ulp. The scale `2^n` is applied in two halves so results down in the subnormal range
+/// are right too; overflow gives inf, NaN stays NaN.
+#[inline(always)]
+fn exp_f32(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    // 1.5 * 2^23: adding and subtracting it rounds to the nearest integer.
+    const ROUND: f32 = 12_582_912.0;
+    // Below this the result is 0 even as a subnormal; above HI it is inf.
+    const LO: f32 = -104.0;
+    const HI: f32 = 88.722_84;
+    let xc = x.clamp(LO, HI);
+    let t = xc * LOG2E + ROUND;
+    let n = t - ROUND;
+    let ni = (t.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
+    let r = xc - n * LN2_HI - n * LN2_LO;
+    let mut p = 1.987_569_2e-4f32;
+    p = p * r + 1.398_2e-3;
+    p = p * r + 8.333_452e-3;
+    p = p * r + 4.166_579_6e-2;
+    p = p * r + 0.166_666_65;
+    p = p * r + 0.5;
+    let e = p * (r * r) + r + 1.0;
+    // 2^n as two normal factors (n in [-150, 128]).
+    let half = ni >> 1;
+    let s1 = f32::from_bits(((half + 127) as u32) << 23);
+    let s2 = f32::from_bits(((ni - half + 127) as u32) << 23);
+    let y = e * s1 * s2;
+    let y = if x > HI { f32::INFINITY } else { y };
+    let y = if x < LO { 0.0 } else { y };
+    if x.is_nan() {
+        x
+    } else {
+        y
+    }
+}
+
+/// `tanh` in float32, branch-free so it vectorizes: Cephes' `tanhf` (an odd polynomial below
+/// |x| = 0.625, `1 - 2 / (e^2|x| + 1)` above), about 2 ulp.
+#[inline(always)]
+fn tanh_f32(x: f32) -> f32 {
+    let a = x.abs();
+    let z = x * x;
+    let small = ((((-5.704_988_7e-3 * z + 2.063_908_9e-2) * z - 5.373_971_6e-2) * z + 1.333_144_2e-1) * z
+        - 3.333_328_2e-1)
+        * z
+        * x
+        + x;
+    let big = 1.0 - 2.0 / (exp_f32(2.0 * a) + 1.0);
+    let big = if x < 0.0 { -big } else { big };
+    if a > 0.625 {
+        big
+    } else {
+        small
+    }
+}
 
 /// A float element: widened to its compute type, rounded back once.
 pub(crate) trait FloatElement: Element {
@@ -392,6 +452,39 @@ fn run_int<T: IntElement>(op: UnaryOp, lp: &StridedLoop<2>, min: usize) -> Resul
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn vectorizable_exp_and_tanh_f32_stay_within_a_few_ulp() {
+        let ulps = |got: f32, want: f64| {
+            let want32 = want as f32;
+            if want32 == got || (want32.is_nan() && got.is_nan()) {
+                return 0.0;
+            }
+            ((got as f64 - want).abs() / (want32.abs().max(f32::MIN_POSITIVE) as f64 * f32::EPSILON as f64)) as f32
+        };
+        let mut x = -110.0f32;
+        while x < 95.0 {
+            let e = super::exp_f32(x);
+            let want = (x as f64).exp();
+            if want >= f32::MIN_POSITIVE as f64 && want <= f32::MAX as f64 {
+                assert!(ulps(e, want) <= 2.0, "exp({x}) = {e}, want {want}");
+            } else if want > f32::MAX as f64 {
+                assert_eq!(e, f32::INFINITY);
+            } else {
+                assert!((e as f64 - want).abs() <= 2.0 * 1.4e-45, "exp({x}) = {e}, want {want} (subnormal)");
+            }
+            let t = super::tanh_f32(x);
+            assert!(ulps(t, (x as f64).tanh()) <= 3.0, "tanh({x}) = {t}, want {}", (x as f64).tanh());
+            x += 0.001_37;
+        }
+        for tiny in [1e-30f32, -1e-8, 3e-4] {
+            assert!(ulps(super::tanh_f32(tiny), (tiny as f64).tanh()) <= 1.0);
+        }
+        assert!(super::exp_f32(f32::NAN).is_nan() && super::tanh_f32(f32::NAN).is_nan());
+        assert_eq!(super::tanh_f32(f32::INFINITY), 1.0);
+        assert_eq!(super::tanh_f32(f32::NEG_INFINITY), -1.0);
+        assert_eq!(super::exp_f32(f32::NEG_INFINITY), 0.0);
+    }
+
     use super::*;
     use crate::kernels::broadcast::testing::*;
     use crate::PARALLEL_MIN_ELEMS;
