@@ -12,6 +12,8 @@ Example:
 
 from __future__ import annotations
 
+import atexit as _atexit
+
 import os
 
 from . import _native, ops, tuning
@@ -53,6 +55,17 @@ def get_include() -> str:
 from . import jit  # noqa: E402  (uses get_include and the native types above)
 
 tuning._load_saved()
+
+
+def _drain_at_exit() -> None:
+    # Let queued work (host functions included) finish while the interpreter can still run it.
+    try:
+        _native.synchronize()
+    except OpBridgeError:
+        pass
+
+
+_atexit.register(_drain_at_exit)
 
 __all__ = [
     "ArgumentError",

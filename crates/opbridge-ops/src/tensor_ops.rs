@@ -25,8 +25,9 @@ fn same_device(op: &'static str, tensors: &[&Tensor], stream: &Stream) -> Result
     Ok(DeviceContext::get(stream.device())?)
 }
 
+/// The bytes a tensor's elements span, whatever its strides.
 fn byte_range(t: &Tensor) -> (usize, usize) {
-    (t.data_ptr().0, t.nbytes())
+    crate::view::TensorView::of_tensor(t).byte_span()
 }
 
 /// A contiguous tensor of `dtype` with `t`'s values: `t` itself when it already is one, else a

@@ -149,7 +149,9 @@ pub fn new_output<'py>(py: Python<'py>, dtype: DType, shape: &[usize]) -> PyResu
     let bytes = shape.iter().product::<usize>() * dtype.size();
     let array = if bytes >= POOL_OUTPUT_MIN_BYTES {
         let ctx = DeviceContext::cpu();
-        let buffer = ctx.pool().allocate(bytes, StreamId::HOST).map_err(to_pyerr)?;
+        // Detached: under memory pressure the pool waits for streams whose host functions may
+        // need the GIL.
+        let buffer = py.detach(|| ctx.pool().allocate(bytes, StreamId::HOST)).map_err(to_pyerr)?;
         let data = buffer.ptr().0;
         let owner = Bound::new(py, PooledMemory::new(buffer))?;
         // SAFETY: `data` is a 64-byte-aligned host block of `bytes` bytes owned by `owner`,

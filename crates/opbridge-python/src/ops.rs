@@ -12,7 +12,7 @@ use pyo3::prelude::*;
 
 use crate::errors::to_pyerr;
 use crate::host::{self, check_out, new_output, unalias, HostArray};
-use crate::tensor::{as_tensor, PyTensor};
+use crate::tensor::{as_out_tensor, as_tensor, PyTensor};
 
 fn involves_tensor(args: &[Option<&Bound<'_, PyAny>>]) -> bool {
     args.iter().flatten().any(|a| a.is_instance_of::<PyTensor>())
@@ -207,7 +207,7 @@ fn tensor_call<'py>(
     run: TensorOp,
 ) -> PyResult<Bound<'py, PyAny>> {
     let (ta, tb) = (as_tensor(op, a)?, as_tensor(op, b)?);
-    let tout = out.map(|o| as_tensor(op, o)).transpose()?;
+    let tout = out.map(|o| as_out_tensor(op, o)).transpose()?;
     if let Some(o) = &tout {
         if o.read_only {
             return Err(crate::errors::argument_error(format!("{op}: out is read-only")));
@@ -215,7 +215,9 @@ fn tensor_call<'py>(
     }
     let ctx = DeviceContext::get(ta.inner.device()).map_err(to_pyerr)?;
     let stream = ctx.current_stream().map_err(to_pyerr)?;
-    let made = run(&ta.inner, &tb.inner, tout.as_ref().map(|o| &o.inner), &stream).map_err(to_pyerr)?;
+    let (a, b, o) = (Arc::clone(&ta.inner), Arc::clone(&tb.inner), tout.as_ref().map(|o| Arc::clone(&o.inner)));
+    // Detached: allocating may wait for streams whose host functions need the GIL.
+    let made = py.detach(|| run(&a, &b, o.as_ref(), &stream)).map_err(to_pyerr)?;
     match (made, out) {
         (Some(tensor), _) => Ok(Bound::new(py, PyTensor::new(tensor))?.into_any()),
         (None, Some(out)) if out.is_instance_of::<PyTensor>() => Ok(out.clone()),

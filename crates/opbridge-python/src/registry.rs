@@ -14,7 +14,7 @@ use pyo3::types::{PyDict, PyList, PyTuple};
 
 use crate::errors::{argument_error, device_error, dtype_error, shape_error, to_pyerr};
 use crate::host::{self, check_out, new_output, HostArray};
-use crate::tensor::{as_tensor, PyTensor};
+use crate::tensor::{as_out_tensor, as_tensor, PyTensor};
 
 /// One version of a registered operator, callable like a function.
 #[pyclass(name = "Op", module = "opbridge", frozen, dict)]
@@ -140,6 +140,18 @@ fn view_of(array: &HostArray<'_>) -> TensorView {
     }
 }
 
+/// Kernels write every output at once: two outputs sharing memory would be a data race.
+fn check_outputs_disjoint(name: &str, outputs: &[TensorView]) -> PyResult<()> {
+    for (i, a) in outputs.iter().enumerate() {
+        for b in &outputs[i + 1..] {
+            if overlap(a.byte_span(), b.byte_span()) != Overlap::Disjoint {
+                return Err(argument_error(format!("{name}: out arrays must not overlap each other")));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The synchronous numpy path.
 fn call_host<'py>(
     py: Python<'py>,
@@ -208,6 +220,7 @@ fn call_host<'py>(
         }
     }
     let out_views: Vec<TensorView> = results.iter().map(view_of).collect();
+    check_outputs_disjoint(name, &out_views)?;
     let bytes: usize = out_views.iter().chain(views.iter().flatten()).map(|v| v.numel() * v.dtype.size()).sum();
     let guard = entry.enter();
     let attrs = &call.attrs;
@@ -261,7 +274,7 @@ fn call_tensor<'py>(
     let mut inputs: Vec<Option<Arc<Tensor>>> = Vec::with_capacity(tensors.len());
     for (t, dtype) in tensors.iter().zip(&wanted) {
         inputs.push(match (t, dtype) {
-            (Some(t), Some(d)) => Some(opbridge_ops::contiguous(t, *d, &stream).map_err(to_pyerr)?),
+            (Some(t), Some(d)) => Some(py.detach(|| opbridge_ops::contiguous(t, *d, &stream)).map_err(to_pyerr)?),
             _ => None,
         });
     }
@@ -270,7 +283,7 @@ fn call_tensor<'py>(
     for (k, meta) in outputs.iter().enumerate() {
         match &given {
             Some(given) => {
-                let target = as_tensor(name, &given[k])?;
+                let target = as_out_tensor(name, &given[k])?;
                 if target.read_only {
                     return Err(argument_error(format!("{name}: out is read-only")));
                 }
@@ -294,7 +307,9 @@ fn call_tensor<'py>(
                 }
                 results.push(Arc::clone(t));
             }
-            None => results.push(Arc::new(Tensor::empty(ctx, &meta.shape, meta.dtype, stream.id()).map_err(to_pyerr)?)),
+            None => results.push(Arc::new(
+                py.detach(|| Tensor::empty(ctx, &meta.shape, meta.dtype, stream.id())).map_err(to_pyerr)?,
+            )),
         }
     }
     // An output overlapping an input (other than an exact in-place alias) is computed aside.
@@ -306,12 +321,13 @@ fn call_tensor<'py>(
             overlap(v.byte_span(), view.byte_span()) != Overlap::Disjoint && !(entry.op.in_place_ok() && *v == view)
         });
         targets.push(if clash {
-            Arc::new(Tensor::empty(ctx, result.shape(), result.dtype(), stream.id()).map_err(to_pyerr)?)
+            Arc::new(py.detach(|| Tensor::empty(ctx, result.shape(), result.dtype(), stream.id())).map_err(to_pyerr)?)
         } else {
             Arc::clone(result)
         });
     }
     let out_views: Vec<TensorView> = targets.iter().map(|t| TensorView::of_tensor(t)).collect();
+    check_outputs_disjoint(name, &out_views)?;
     let guard = entry.enter();
     let attrs = call.attrs.clone();
     let reads: Vec<&Tensor> = inputs.iter().flatten().map(|t| t.as_ref()).collect();

@@ -117,6 +117,11 @@ impl PyStream {
     fn launch_host_func(&self, func: Py<PyAny>) -> PyResult<()> {
         self.inner
             .launch_host_func(Box::new(move || {
+                if !crate::ffi::interpreter_alive() {
+                    // Leak the callable: dropping a Python object needs a live interpreter.
+                    std::mem::forget(func);
+                    return Err("host function skipped: the Python interpreter has shut down".into());
+                }
                 Python::attach(|py| func.call0(py).map(drop).map_err(|e| format!("host function raised {e}")))
             }))
             .map_err(to_pyerr)

@@ -238,12 +238,28 @@ fn parse_dtype(py: Python<'_>, dtype: Option<&Bound<'_, PyAny>>) -> PyResult<DTy
 }
 
 /// A tensor argument: an `opbridge.Tensor`, or a numpy array wrapped zero-copy (host memory
-/// is the CPU device's memory).
+/// is the CPU device's memory). Byte-swapped arrays are read through one native copy.
 pub fn as_tensor<'py>(op: &str, obj: &Bound<'py, PyAny>) -> PyResult<PyRef<'py, PyTensor>> {
+    tensor_arg(op, obj, true)
+}
+
+/// An `out=` tensor: like [`as_tensor`], but a numpy array must be writable in place as it is.
+pub fn as_out_tensor<'py>(op: &str, obj: &Bound<'py, PyAny>) -> PyResult<PyRef<'py, PyTensor>> {
+    tensor_arg(op, obj, false)
+}
+
+fn tensor_arg<'py>(op: &str, obj: &Bound<'py, PyAny>, copy_if_needed: bool) -> PyResult<PyRef<'py, PyTensor>> {
     if let Ok(tensor) = obj.cast::<PyTensor>() {
         return Ok(tensor.borrow());
     }
-    let host = HostArray::extract(op, "argument", obj, &DType::ALL)?;
+    let mut host = HostArray::extract(op, "argument", obj, &DType::ALL)?;
+    if !host.is_native() {
+        if !copy_if_needed {
+            return Err(argument_error(format!("{op}: expected out in native byte order")));
+        }
+        let dtype = host.dtype;
+        host = host.normalized(dtype)?;
+    }
     let tensor = wrap_host_array(op, &host)?;
     Ok(Bound::new(obj.py(), tensor)?.borrow())
 }
@@ -307,7 +323,8 @@ pub fn asarray<'py>(
     let host = host.normalized(dtype)?;
     let ctx = DeviceContext::get(target).map_err(to_pyerr)?;
     let stream = ctx.current_stream().map_err(to_pyerr)?;
-    let tensor = Tensor::empty(ctx, host.shape(), dtype, stream.id()).map_err(to_pyerr)?;
+    let shape = host.shape().to_vec();
+    let tensor = py.detach(|| Tensor::empty(ctx, &shape, dtype, stream.id())).map_err(to_pyerr)?;
     let (src, dst, bytes) = (DevicePtr(host.layout().data), tensor.data_ptr(), tensor.nbytes());
     // A host-to-device copy on the current stream (after any earlier work that used this pool
     // block), waited for before returning: the numpy buffer is free to change as soon as
@@ -335,7 +352,8 @@ fn alloc_tensor(
     let dtype = parse_dtype(py, dtype)?;
     let ctx = DeviceContext::get(parse_device(device)?).map_err(to_pyerr)?;
     let stream = ctx.current_stream().map_err(to_pyerr)?;
-    Ok((Tensor::empty(ctx, &shape, dtype, stream.id()).map_err(to_pyerr)?, stream))
+    let tensor = py.detach(|| Tensor::empty(ctx, &shape, dtype, stream.id())).map_err(to_pyerr)?;
+    Ok((tensor, stream))
 }
 
 /// A new uninitialized tensor from the device pool. ``dtype`` defaults to float32.
@@ -347,7 +365,8 @@ pub fn empty<'py>(
     dtype: Option<&Bound<'py, PyAny>>,
     device: Option<&str>,
 ) -> PyResult<Bound<'py, PyTensor>> {
-    let (tensor, _) = alloc_tensor(py, shape, dtype, device)?;
+    let (tensor, stream) = alloc_tensor(py, shape, dtype, device)?;
+    tensor.mark_allocated_on(&stream).map_err(to_pyerr)?;
     Bound::new(py, PyTensor::new(Arc::new(tensor)))
 }
 

@@ -136,8 +136,14 @@ pub trait StreamBackend: Send + Sync + fmt::Debug {
     /// Makes later work on this stream wait until `event` (as last recorded) completes.
     fn wait(&self, event: &Arc<dyn EventBackend>) -> Result<()>;
 
-    /// Blocks until all work enqueued so far is done; returns the first asynchronous error.
+    /// Blocks until all work enqueued so far is done; returns (and clears) the first
+    /// asynchronous error.
     fn synchronize(&self) -> Result<()>;
+
+    /// Blocks until all work enqueued so far is done, leaving any asynchronous error for the
+    /// user's next `synchronize` (what the pool uses before releasing memory). Fails only when
+    /// waiting is impossible, e.g. from work running on this very stream.
+    fn drain(&self) -> Result<()>;
 
     /// True when all work enqueued so far is done.
     fn query(&self) -> bool;

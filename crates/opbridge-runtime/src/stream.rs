@@ -106,6 +106,11 @@ impl Stream {
         self.0.backend.wait(&event.backend)
     }
 
+    /// Blocks until everything enqueued so far is done, leaving asynchronous errors in place.
+    pub fn drain(&self) -> Result<()> {
+        self.0.backend.drain()
+    }
+
     /// Blocks until everything enqueued so far is done; reports the first asynchronous error.
     pub fn synchronize(&self) -> Result<()> {
         self.0.backend.synchronize()
@@ -183,17 +188,30 @@ impl StreamRegistry {
         self.retired.lock().unwrap_or_else(|p| p.into_inner()).push(backend);
     }
 
+    fn backends(&self) -> Vec<Arc<dyn StreamBackend>> {
+        let mut all: Vec<Arc<dyn StreamBackend>> = {
+            let streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+            streams.iter().filter_map(Weak::upgrade).map(|s| Arc::clone(&s.backend)).collect()
+        };
+        all.extend(self.retired.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned());
+        all
+    }
+
     /// Synchronizes every live stream and the unfinished work of dropped ones; returns the
     /// first error after waiting for all.
     pub(crate) fn synchronize_all(&self) -> Result<()> {
-        let live: Vec<Stream> = {
-            let streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
-            streams.iter().filter_map(Weak::upgrade).map(Stream).collect()
-        };
-        let retired: Vec<Arc<dyn StreamBackend>> = self.retired.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        self.wait_all(|b| b.synchronize())
+    }
+
+    /// Waits for every stream like `synchronize_all` but leaves asynchronous errors to the
+    /// user's next synchronize (the pool waits for its own reasons and must not eat them).
+    pub(crate) fn drain_all(&self) -> Result<()> {
+        self.wait_all(|b| b.drain())
+    }
+
+    fn wait_all(&self, wait: impl Fn(&Arc<dyn StreamBackend>) -> Result<()>) -> Result<()> {
         let mut first = Ok(());
-        let outcomes = live.iter().map(Stream::synchronize).chain(retired.iter().map(|b| b.synchronize()));
-        for outcome in outcomes {
+        for outcome in self.backends().iter().map(wait) {
             if first.is_ok() {
                 first = outcome;
             }

@@ -54,6 +54,9 @@ impl Storage {
 struct Access {
     write: Option<(StreamId, Event)>,
     reads: Vec<(StreamId, Event)>,
+    /// Set by the last writing kernel if it failed: host reads report it instead of returning
+    /// whatever the failed kernel left in memory.
+    failure: Option<Arc<Mutex<Option<String>>>>,
 }
 
 /// An n-dimensional array on a device. Not `Clone`: device memory is never duplicated
@@ -219,15 +222,16 @@ impl Tensor {
             .filter(|t| matches!(t.storage.as_ref(), Storage::External { .. }))
             .map(|t| Arc::clone(&t.storage))
             .collect();
-        if borrowed.is_empty() {
-            stream.launch(kernel)?;
-        } else {
-            stream.launch(Box::new(move || {
-                let outcome = kernel();
-                drop(borrowed);
-                outcome
-            }))?;
-        }
+        let failure: Arc<Mutex<Option<String>>> = Arc::default();
+        let failed = Arc::clone(&failure);
+        stream.launch(Box::new(move || {
+            let outcome = kernel();
+            drop(borrowed);
+            if let Err(message) = &outcome {
+                *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(message.clone());
+            }
+            outcome
+        }))?;
         let done = stream.record_new_event()?;
         for tensor in reads {
             let mut access = tensor.lock_access();
@@ -238,6 +242,18 @@ impl Tensor {
             let mut access = tensor.lock_access();
             access.reads.retain(|(_, e)| !e.query());
             access.write = Some((stream.id(), done.clone()));
+            access.failure = Some(Arc::clone(&failure));
+        }
+        Ok(())
+    }
+
+    /// Orders host access to a fresh tensor after the work already queued on `stream`, the
+    /// stream its block was allocated for: the pool may hand out a block that earlier work on
+    /// that stream still writes (stream-ordered reuse), which device work sees in order but the
+    /// host would not.
+    pub fn mark_allocated_on(&self, stream: &Stream) -> Result<()> {
+        if !stream.query() {
+            self.lock_access().write = Some((stream.id(), stream.record_new_event()?));
         }
         Ok(())
     }
@@ -249,8 +265,17 @@ impl Tensor {
 
     /// Blocks until all enqueued work writing this tensor is done (before host reads).
     pub fn wait_ready(&self) -> Result<()> {
-        let pending = self.lock_access().write.as_ref().map(|(_, e)| e.clone());
-        pending.map_or(Ok(()), |event| event.synchronize())
+        let (pending, failure) = {
+            let access = self.lock_access();
+            (access.write.as_ref().map(|(_, e)| e.clone()), access.failure.clone())
+        };
+        if let Some(event) = pending {
+            event.synchronize()?;
+        }
+        match failure.and_then(|f| f.lock().unwrap_or_else(|p| p.into_inner()).clone()) {
+            Some(message) => Err(Error::Async { stream: format!("the work writing this {}", self.device), message }),
+            None => Ok(()),
+        }
     }
 
     /// Blocks until all enqueued work reading or writing this tensor is done (before host writes).

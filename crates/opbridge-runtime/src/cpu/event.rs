@@ -1,70 +1,77 @@
-//! A CPU event: a generation counter completed by the recording stream's worker.
+//! A CPU event. Each `record` makes a new completion point that the recording stream's worker
+//! completes; waits and queries use the point current when they are called, so re-recording an
+//! event on another stream never releases work that waited for the earlier record.
 
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
 use crate::device::EventBackend;
 use crate::error::{Error, Result};
 
+/// One recorded point: done once the stream reaches it, with the time it did.
 #[derive(Debug, Default)]
-struct State {
-    /// Bumped by each `record`; the point callers wait for.
-    recorded: u64,
-    /// The last generation the worker reached.
-    completed: u64,
-    /// When `completed` was reached.
-    at: Option<Instant>,
+pub(super) struct Point {
+    reached: Mutex<Option<Instant>>,
+    done: Condvar,
+}
+
+impl Point {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
+        self.reached.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(super) fn complete(&self) {
+        self.lock().get_or_insert_with(Instant::now);
+        self.done.notify_all();
+    }
+
+    pub(super) fn wait(&self) {
+        let mut reached = self.lock();
+        while reached.is_none() {
+            reached = self.done.wait(reached).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    fn time(&self) -> Option<Instant> {
+        *self.lock()
+    }
 }
 
 #[derive(Debug, Default)]
 pub struct CpuEvent {
-    state: Mutex<State>,
-    reached: Condvar,
+    /// The last recorded point; `None` until the first record (a never-recorded event counts
+    /// as complete, as in CUDA).
+    current: Mutex<Option<Arc<Point>>>,
 }
 
 impl CpuEvent {
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    fn current(&self) -> Option<Arc<Point>> {
+        self.current.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    pub(super) fn begin_record(&self) -> u64 {
-        let mut state = self.lock();
-        state.recorded += 1;
-        state.recorded
+    /// A new point, made current; the recording stream completes it.
+    pub(super) fn begin_record(&self) -> Arc<Point> {
+        let point = Arc::new(Point::default());
+        *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&point));
+        point
     }
 
-    pub(super) fn recorded_generation(&self) -> u64 {
-        self.lock().recorded
-    }
-
-    pub(super) fn complete(&self, generation: u64) {
-        let mut state = self.lock();
-        if generation > state.completed {
-            state.completed = generation;
-            state.at = Some(Instant::now());
-        }
-        drop(state);
-        self.reached.notify_all();
-    }
-
-    pub(super) fn wait_for(&self, generation: u64) {
-        let mut state = self.lock();
-        while state.completed < generation {
-            state = self.reached.wait(state).unwrap_or_else(|p| p.into_inner());
-        }
+    /// The point a wait enqueued now must wait for.
+    pub(super) fn wait_point(&self) -> Option<Arc<Point>> {
+        self.current()
     }
 }
 
 impl EventBackend for CpuEvent {
     fn synchronize(&self) -> Result<()> {
-        let target = self.recorded_generation();
-        self.wait_for(target);
+        if let Some(point) = self.current() {
+            point.wait();
+        }
         Ok(())
     }
 
     fn query(&self) -> bool {
-        let state = self.lock();
-        state.completed >= state.recorded
+        self.current().is_none_or(|p| p.time().is_some())
     }
 
     fn elapsed_ms(&self, end: &dyn EventBackend) -> Result<f64> {
@@ -76,11 +83,8 @@ impl EventBackend for CpuEvent {
             device: "cpu:0".into(),
             message: "elapsed_time: events belong to different devices".into(),
         })?;
-        let start = self.lock();
-        let start_at = start.at.filter(|_| start.completed >= start.recorded).ok_or_else(|| not_ready("start"))?;
-        drop(start);
-        let stop = end.lock();
-        let end_at = stop.at.filter(|_| stop.completed >= stop.recorded).ok_or_else(|| not_ready("end"))?;
+        let start_at = self.current().and_then(|p| p.time()).ok_or_else(|| not_ready("start"))?;
+        let end_at = end.current().and_then(|p| p.time()).ok_or_else(|| not_ready("end"))?;
         // Signed like CUDA's cudaEventElapsedTime: negative when `end` completed first.
         Ok(if end_at >= start_at {
             end_at.duration_since(start_at).as_secs_f64() * 1e3

@@ -10,6 +10,12 @@ use crate::error::{Error, Result};
 
 static NEXT_WORKER: AtomicU64 = AtomicU64::new(1);
 
+thread_local! {
+    /// On a stream's worker thread: that stream's number (0 elsewhere). A worker waiting for its
+    /// own queue would wait forever, so such waits are refused instead.
+    static SERVING: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
 /// Progress shared by the stream handle and its worker.
 #[derive(Debug, Default)]
 struct Progress {
@@ -29,6 +35,7 @@ struct Completed {
 /// Handle of a CPU stream. Dropping it lets the worker finish the queued work and exit.
 #[derive(Debug)]
 pub struct CpuStream {
+    number: u64,
     name: String,
     jobs: Sender<HostFn>,
     progress: Arc<Progress>,
@@ -36,13 +43,15 @@ pub struct CpuStream {
 
 impl CpuStream {
     pub(super) fn spawn() -> Result<CpuStream> {
-        let name = format!("opbridge-cpu-stream-{}", NEXT_WORKER.fetch_add(1, Ordering::Relaxed));
+        let number = NEXT_WORKER.fetch_add(1, Ordering::Relaxed);
+        let name = format!("opbridge-cpu-stream-{number}");
         let (jobs, queue) = mpsc::channel::<HostFn>();
         let progress = Arc::new(Progress::default());
         let worker_progress = Arc::clone(&progress);
         std::thread::Builder::new()
             .name(name.clone())
             .spawn(move || {
+                SERVING.with(|s| s.set(number));
                 for job in queue {
                     // A panicking kernel must not kill the stream: it becomes the stream's error.
                     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job))
@@ -60,7 +69,7 @@ impl CpuStream {
                 device: "cpu:0".into(),
                 message: format!("cannot start stream worker: {e}"),
             })?;
-        Ok(CpuStream { name, jobs, progress })
+        Ok(CpuStream { number, name, jobs, progress })
     }
 
     fn enqueue(&self, job: HostFn) -> Result<()> {
@@ -90,46 +99,54 @@ impl StreamBackend for CpuStream {
     }
 
     fn record(&self, event: &Arc<dyn EventBackend>) -> Result<()> {
-        let event = Arc::clone(event);
         let cpu = event.as_any().downcast_ref::<CpuEvent>().ok_or_else(|| Error::Device {
             device: "cpu:0".into(),
             message: "cannot record an event of another device on a CPU stream".into(),
         })?;
-        let generation = cpu.begin_record();
+        let point = cpu.begin_record();
         self.enqueue(Box::new(move || {
-            if let Some(cpu) = event.as_any().downcast_ref::<CpuEvent>() {
-                cpu.complete(generation);
-            }
+            point.complete();
             Ok(())
         }))
     }
 
     fn wait(&self, event: &Arc<dyn EventBackend>) -> Result<()> {
-        let event = Arc::clone(event);
-        let target = event.as_any().downcast_ref::<CpuEvent>().map(CpuEvent::recorded_generation).ok_or_else(|| {
-            Error::Device {
+        let point =
+            event.as_any().downcast_ref::<CpuEvent>().map(CpuEvent::wait_point).ok_or_else(|| Error::Device {
                 device: "cpu:0".into(),
                 message: "cannot wait on an event of another device on a CPU stream".into(),
-            }
-        })?;
-        self.enqueue(Box::new(move || {
-            if let Some(cpu) = event.as_any().downcast_ref::<CpuEvent>() {
-                cpu.wait_for(target);
-            }
-            Ok(())
-        }))
+            })?;
+        match point {
+            Some(point) => self.enqueue(Box::new(move || {
+                point.wait();
+                Ok(())
+            })),
+            None => Ok(()), // never recorded: nothing to wait for
+        }
     }
 
     fn synchronize(&self) -> Result<()> {
+        self.drain()?;
+        let mut state = self.progress.state.lock().unwrap_or_else(|p| p.into_inner());
+        match state.error.take() {
+            Some(message) => Err(Error::Async { stream: self.name.clone(), message }),
+            None => Ok(()),
+        }
+    }
+
+    fn drain(&self) -> Result<()> {
+        if SERVING.with(|s| s.get()) == self.number {
+            return Err(Error::Device {
+                device: "cpu:0".into(),
+                message: format!("cannot wait for {} from work running on it (a host function)", self.name),
+            });
+        }
         let target = self.progress.submitted.load(Ordering::SeqCst);
         let mut state = self.progress.state.lock().unwrap_or_else(|p| p.into_inner());
         while state.count < target {
             state = self.progress.done.wait(state).unwrap_or_else(|p| p.into_inner());
         }
-        match state.error.take() {
-            Some(message) => Err(Error::Async { stream: self.name.clone(), message }),
-            None => Ok(()),
-        }
+        Ok(())
     }
 
     fn query(&self) -> bool {

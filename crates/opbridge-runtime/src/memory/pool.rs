@@ -167,24 +167,29 @@ impl MemoryPool {
                 return Err(error);
             }
             state.stats.largest_recent_request = state.stats.largest_recent_request.max(bytes);
+            Self::process_pending(&mut state);
             // The limit caps live bytes too: cached segments reserved before a lower limit was
-            // set must not let allocations exceed it.
-            if state.limit.is_some_and(|l| state.stats.allocated_bytes_current + size > l) {
+            // set must not let allocations exceed it. Blocks still pending for other streams
+            // count as live until the retry below has waited for them.
+            let over_limit = state.limit.is_some_and(|l| state.stats.allocated_bytes_current + size > l);
+            if over_limit && (retried || state.pending.is_empty()) {
                 state.stats.num_ooms += 1;
                 return Err(self.oom_error(&state, bytes, false));
             }
-            Self::process_pending(&mut state);
-            if let Some(addr) = Self::take_unmerged(&mut state, size, stream) {
+            let hit = if over_limit { None } else { Self::take_unmerged(&mut state, size, stream) };
+            if let Some(addr) = hit {
                 state.stats.num_cache_hits += 1;
                 return Ok(self.hand_out(&mut state, addr, bytes, stream));
             }
-            Self::merge_unmerged(&mut state);
-            if let Some(addr) = Self::take_free(&mut state, size, stream) {
-                state.stats.num_cache_hits += 1;
-                return Ok(self.hand_out(&mut state, addr, bytes, stream));
-            }
-            if let Some(addr) = self.grow(&mut state, size, stream) {
-                return Ok(self.hand_out(&mut state, addr, bytes, stream));
+            if !over_limit {
+                Self::merge_unmerged(&mut state);
+                if let Some(addr) = Self::take_free(&mut state, size, stream) {
+                    state.stats.num_cache_hits += 1;
+                    return Ok(self.hand_out(&mut state, addr, bytes, stream));
+                }
+                if let Some(addr) = self.grow(&mut state, size, stream) {
+                    return Ok(self.hand_out(&mut state, addr, bytes, stream));
+                }
             }
             if retried {
                 state.stats.num_ooms += 1;
@@ -195,13 +200,14 @@ impl MemoryPool {
             state.stats.num_alloc_retries += 1;
             drop(state);
             retried = true;
-            let synced = self.streams.synchronize_all();
+            let drained = self.streams.drain_all();
             let mut state = self.lock();
-            if let Err(error) = synced {
-                state.deferred.get_or_insert(error);
-            }
             Self::process_pending(&mut state);
-            self.release_cached(&mut state);
+            // Memory may still be in use by work we could not wait for (called from a host
+            // function): then nothing cached is released and the request fails below.
+            if drained.is_ok() {
+                self.release_cached(&mut state);
+            }
         }
     }
 
@@ -296,12 +302,12 @@ impl MemoryPool {
         for stream in &used_on {
             match stream.record_new_event() {
                 Ok(event) => events.push(event),
-                // No event: wait for the stream instead, and keep its error for later.
+                // Without an event we cannot know when the other stream is done with the block,
+                // and waiting here could deadlock (this runs in Drop, maybe holding the GIL):
+                // the block is never reused, and the error surfaces at the next allocation.
                 Err(error) => {
-                    if let Err(sync_error) = stream.synchronize() {
-                        self.lock().deferred.get_or_insert(sync_error);
-                    }
                     self.lock().deferred.get_or_insert(error);
+                    return;
                 }
             }
         }
@@ -406,13 +412,14 @@ impl MemoryPool {
         }
     }
 
-    /// Synchronizes the device and returns all cached (unused) memory to it.
+    /// Waits for the device and returns all cached (unused) memory to it. Asynchronous errors
+    /// stay for the user's next synchronize.
     pub fn empty_cache(&self) -> Result<()> {
-        let synced = self.streams.synchronize_all();
+        self.streams.drain_all()?;
         let mut state = self.lock();
         Self::process_pending(&mut state);
         self.release_cached(&mut state);
-        synced
+        Ok(())
     }
 
     /// Caps reserved bytes; `None` removes the cap. Cached memory above a new cap is released.

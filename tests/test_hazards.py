@@ -1,0 +1,121 @@
+"""Regressions for concurrency and ordering hazards: each test once hung, raced or lost an error."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import opbridge as ob
+
+MiB = 1 << 20
+
+
+def finishes(fn, timeout=20.0):
+    """Runs fn in a thread; fails the test instead of hanging the suite."""
+    outcome = {}
+
+    def run():
+        try:
+            outcome["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            outcome["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout)
+    assert not t.is_alive(), f"{fn} did not finish within {timeout} s (deadlock?)"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")
+
+
+def test_out_of_memory_retry_does_not_deadlock_with_host_functions(memory_limit):
+    ob.set_memory_limit(4 * MiB)
+    t = ob.zeros(3 * MiB // 8, dtype=np.float32)  # 1.5 MiB reserved, then cached
+    del t
+    s = ob.current_stream()
+    s.launch_host_func(lambda: time.sleep(0.2))  # needs the GIL while the pool waits
+    a = np.ones(3 * MiB // 4, np.float32)
+
+    def add():
+        try:
+            return ob.vector_add(a, a)[:2].tolist()
+        except ob.OutOfMemoryError:
+            return "oom"
+
+    assert finishes(add) in ([2.0, 2.0], "oom")
+    ob.synchronize()
+
+
+def test_empty_waits_for_work_still_writing_its_reused_block():
+    n = 1 << 16
+    s = ob.current_stream()
+    s.launch_host_func(lambda: time.sleep(0.2))
+    r = ob.zeros(n)  # queued behind the sleep
+    del r
+    e = ob.empty(n)  # may reuse r's block while the fill is still queued
+    arr = e.numpy()
+    arr[:] = 7
+    ob.synchronize()
+    assert (arr == 7).all()
+
+
+def test_tensor_matmul_with_strided_input_overlapping_out(rng):
+    x = rng.random((128, 64))
+    a = x[::2]  # rows 0, 2, ..., strided
+    b = rng.random((64, 64))
+    want = a @ b
+    out = ob.from_dlpack(x[64:])  # overlaps a's span without being it
+    ob.matmul(ob.from_dlpack(a), ob.from_dlpack(b), out=out)
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-12)
+
+
+def test_byte_swapped_arrays_on_the_tensor_path():
+    t = ob.asarray(np.ones(4, np.float32))
+    big = np.arange(4, dtype=">f4")
+    np.testing.assert_array_equal(ob.vector_add(t, big).numpy(), 1 + np.arange(4))
+    with pytest.raises(ob.ArgumentError, match="native byte order"):
+        ob.ops.add(t, t, out=np.zeros(4, ">f4"))
+
+
+def test_async_kernel_errors_surface_on_host_reads():
+    weight = ob.asarray(np.ones((10, 2)))
+    r = ob.ops.embedding_bag(weight, ob.asarray(np.array([1, 99])), ob.asarray(np.array([0])))
+    with pytest.raises(ob.DeviceError, match="out of range"):
+        r.numpy()
+    with pytest.raises(ob.DeviceError):
+        ob.synchronize()  # the stream reports it too, once
+
+
+def test_rerecording_an_event_does_not_release_earlier_waiters():
+    a, b, c = ob.Stream(), ob.Stream(), ob.Stream()
+    start = time.monotonic()
+    a.launch_host_func(lambda: time.sleep(0.3))
+    e = ob.Event()
+    e.record(a)
+    c.wait_event(e)
+    e.record(b)  # b is idle: this record completes at once
+    ran = []
+    c.launch_host_func(lambda: ran.append(time.monotonic() - start))
+    finishes(c.synchronize)
+    assert ran and ran[0] >= 0.25
+
+
+def test_a_host_function_cannot_wait_for_its_own_stream():
+    s = ob.Stream()
+    s.launch_host_func(lambda: s.synchronize())
+    with pytest.raises(ob.DeviceError, match="from work running on it"):
+        finishes(s.synchronize)
+    finishes(s.synchronize)  # the stream keeps working
+
+
+def test_limit_waits_for_blocks_pending_on_other_streams(memory_limit):
+    ob.set_memory_limit(4 * MiB)
+    t = ob.zeros(3 * MiB // 4, dtype=np.float32)
+    with ob.Stream():
+        ob.ops.neg(t, out=t)  # used on another stream: freeing it leaves a pending block
+    ob.synchronize()
+    del t
+    t2 = ob.zeros(3 * MiB // 4, dtype=np.float32)  # must not be a spurious OutOfMemoryError
+    assert t2.nbytes == 3 * MiB
