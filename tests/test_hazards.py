@@ -119,3 +119,23 @@ def test_limit_waits_for_blocks_pending_on_other_streams(memory_limit):
     del t
     t2 = ob.zeros(3 * MiB // 4, dtype=np.float32)  # must not be a spurious OutOfMemoryError
     assert t2.nbytes == 3 * MiB
+
+
+def test_memory_cached_for_finished_streams_goes_back_to_the_device():
+    ob.synchronize()
+    ob.empty_cache()
+    before = ob.get_memory_pool_stats()["reserved_bytes.current"]
+
+    def worker():
+        t = ob.zeros(600_000, dtype=np.float32)  # 2.4 MB on this thread's own stream
+        t.numpy()
+
+    for _ in range(30):
+        th = threading.Thread(target=worker)
+        th.start()
+        th.join()
+    for _ in range(200):
+        with ob.Stream():
+            ob.zeros(100)
+    grown = ob.get_memory_pool_stats()["reserved_bytes.current"] - before
+    assert grown < 64 * MiB, f"{grown} bytes still reserved for finished streams"

@@ -45,6 +45,8 @@ impl DeviceContext {
         let streams = Arc::new(StreamRegistry::default());
         let pool = Arc::new(MemoryPool::new(Arc::clone(&device), Source::Device, Arc::clone(&streams)));
         let pinned = Arc::new(MemoryPool::new(Arc::clone(&device), Source::Pinned, Arc::clone(&streams)));
+        streams.add_pool(&pool);
+        streams.add_pool(&pinned);
         DeviceContext { device, streams, pool, pinned, pipeline: OnceLock::new() }
     }
 

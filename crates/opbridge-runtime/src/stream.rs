@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use crate::device::{CopyKind, Device, DeviceId, DevicePtr, EventBackend, HostFn, StreamBackend};
 use crate::error::Result;
+use crate::memory::MemoryPool;
 use crate::DeviceContext;
 
 /// Identifies a stream inside its device. `StreamId::HOST` is the synchronous host path (the
@@ -32,10 +33,11 @@ impl Drop for StreamInner {
     /// Work queued on a dropped stream still runs (as after `cudaStreamDestroy`): hand the
     /// backend to the registry so device-wide synchronization keeps waiting for it.
     fn drop(&mut self) {
-        if !self.backend.query() {
-            if let Some(registry) = self.registry.upgrade() {
-                registry.retire(Arc::clone(&self.backend));
-            }
+        let Some(registry) = self.registry.upgrade() else { return };
+        if self.backend.query() {
+            registry.stream_finished(self.id);
+        } else {
+            registry.retire(self.id, Arc::clone(&self.backend));
         }
     }
 }
@@ -172,7 +174,9 @@ impl Event {
 #[derive(Default)]
 pub(crate) struct StreamRegistry {
     streams: Mutex<Vec<Weak<StreamInner>>>,
-    retired: Mutex<Vec<Arc<dyn StreamBackend>>>,
+    retired: Mutex<Vec<(StreamId, Arc<dyn StreamBackend>)>>,
+    /// The device's pools, told when a stream is gone so they can release its cached memory.
+    pools: Mutex<Vec<Weak<MemoryPool>>>,
 }
 
 impl StreamRegistry {
@@ -181,11 +185,38 @@ impl StreamRegistry {
         streams.retain(|s| s.strong_count() > 0);
         streams.push(Arc::downgrade(&stream.0));
         drop(streams);
-        self.retired.lock().unwrap_or_else(|p| p.into_inner()).retain(|b| !b.query());
+        self.prune_retired();
     }
 
-    fn retire(&self, backend: Arc<dyn StreamBackend>) {
-        self.retired.lock().unwrap_or_else(|p| p.into_inner()).push(backend);
+    fn retire(&self, id: StreamId, backend: Arc<dyn StreamBackend>) {
+        self.retired.lock().unwrap_or_else(|p| p.into_inner()).push((id, backend));
+    }
+
+    pub(crate) fn add_pool(&self, pool: &Arc<MemoryPool>) {
+        self.pools.lock().unwrap_or_else(|p| p.into_inner()).push(Arc::downgrade(pool));
+    }
+
+    /// A dropped stream whose work is all done: its cached blocks can never be reused (they
+    /// belong to it), so the pools release them.
+    fn stream_finished(&self, id: StreamId) {
+        let pools: Vec<Arc<MemoryPool>> =
+            self.pools.lock().unwrap_or_else(|p| p.into_inner()).iter().filter_map(Weak::upgrade).collect();
+        for pool in pools {
+            pool.forget_stream(id);
+        }
+    }
+
+    /// Drops finished retired streams, telling the pools.
+    fn prune_retired(&self) {
+        let finished: Vec<StreamId> = {
+            let mut retired = self.retired.lock().unwrap_or_else(|p| p.into_inner());
+            let done: Vec<StreamId> = retired.iter().filter(|(_, b)| b.query()).map(|(id, _)| *id).collect();
+            retired.retain(|(_, b)| !b.query());
+            done
+        };
+        for id in finished {
+            self.stream_finished(id);
+        }
     }
 
     fn backends(&self) -> Vec<Arc<dyn StreamBackend>> {
@@ -193,7 +224,7 @@ impl StreamRegistry {
             let streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
             streams.iter().filter_map(Weak::upgrade).map(|s| Arc::clone(&s.backend)).collect()
         };
-        all.extend(self.retired.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned());
+        all.extend(self.retired.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|(_, b)| Arc::clone(b)));
         all
     }
 
@@ -216,7 +247,7 @@ impl StreamRegistry {
                 first = outcome;
             }
         }
-        self.retired.lock().unwrap_or_else(|p| p.into_inner()).retain(|b| !b.query());
+        self.prune_retired();
         first
     }
 }

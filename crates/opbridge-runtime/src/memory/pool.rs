@@ -87,6 +87,7 @@ struct BlockInfo {
 #[derive(Debug, Clone, Copy)]
 struct Segment {
     size: usize,
+    stream: StreamId,
 }
 
 #[derive(Debug)]
@@ -111,6 +112,9 @@ struct State {
     /// coalesce churn (the common case of a loop allocating the same shapes). Merged into the
     /// free set on any other request, when full, and before releasing or reporting.
     unmerged: Vec<(StreamId, usize, usize)>,
+    /// Streams that are gone with all their work done: their blocks are never reused, so their
+    /// segments go back to the device as soon as they are entirely free.
+    dead: std::collections::HashSet<StreamId>,
 }
 
 /// A caching pool over one device's memory. Shared (`Arc`) by every buffer it hands out.
@@ -284,7 +288,7 @@ impl MemoryPool {
         }
         .ok()?;
         let addr = base.0;
-        state.segments.insert(addr, Segment { size: seg_size });
+        state.segments.insert(addr, Segment { size: seg_size, stream });
         state.blocks.insert(addr, BlockInfo { size: seg_size, segment: addr, stream, small, allocated: false });
         let stats = &mut state.stats;
         stats.reserved_bytes_current += seg_size;
@@ -314,6 +318,9 @@ impl MemoryPool {
         let mut state = self.lock();
         if events.is_empty() {
             Self::free_block(&mut state, ptr.0);
+            if !state.dead.is_empty() {
+                self.release_free_segments(&mut state, true);
+            }
         } else {
             state.stats.pending_free_blocks += 1;
             state.pending.push(PendingFree { addr: ptr.0, events });
@@ -391,10 +398,17 @@ impl MemoryPool {
 
     /// Returns every fully free segment to the device. Callers synchronize first.
     fn release_cached(&self, state: &mut State) {
+        self.release_free_segments(state, false);
+    }
+
+    /// Returns fully free segments to the device: all of them, or (`only_dead`) those of
+    /// streams that are gone, which no stream work can still touch.
+    fn release_free_segments(&self, state: &mut State, only_dead: bool) {
         Self::merge_unmerged(state);
         let whole: Vec<(usize, usize)> = state
             .segments
             .iter()
+            .filter(|(_, seg)| !only_dead || state.dead.contains(&seg.stream))
             .filter(|(addr, seg)| state.blocks.get(addr).is_some_and(|b| !b.allocated && b.size == seg.size))
             .map(|(&addr, seg)| (addr, seg.size))
             .collect();
@@ -409,6 +423,21 @@ impl MemoryPool {
                 Source::Device => self.device.free_raw(DevicePtr(addr), size),
                 Source::Pinned => self.device.free_pinned(DevicePtr(addr), size),
             }
+        }
+        // Forget dead streams that own nothing any more.
+        if only_dead || !state.dead.is_empty() {
+            let owners: std::collections::HashSet<StreamId> = state.segments.values().map(|s| s.stream).collect();
+            state.dead.retain(|s| owners.contains(s));
+        }
+    }
+
+    /// A stream is gone and its work done: its cached memory goes back to the device, and its
+    /// blocks still in use follow when they are freed.
+    pub(crate) fn forget_stream(&self, stream: StreamId) {
+        let mut state = self.lock();
+        if state.segments.values().any(|s| s.stream == stream) {
+            state.dead.insert(stream);
+            self.release_free_segments(&mut state, true);
         }
     }
 
