@@ -30,6 +30,9 @@ pub enum OpError {
     UnknownAttribute { op: String, name: String, known: String },
     #[error("{op}: missing required argument {name:?}")]
     MissingAttribute { op: String, name: String },
+    /// An attribute of the wrong kind (a string where an int is expected...).
+    #[error("{op}: {message}")]
+    InvalidAttribute { op: String, message: String },
     /// A kernel refused its input (an index out of range, a negative integer power...).
     #[error("{op}: {message}")]
     Kernel { op: String, message: String },

@@ -118,9 +118,12 @@ impl Attrs {
     }
 
     fn wrong(&self, name: &str, expected: &str) -> OpError {
-        OpError::Argument {
-            op: "attribute",
-            message: format!("{}: expected {name} to be {expected}, got {:?}", self.op, self.get(name)),
+        OpError::InvalidAttribute {
+            op: self.op.clone(),
+            message: format!(
+                "expected {name} to be {expected}, got {}",
+                self.get(name).map_or_else(|| "nothing".to_string(), AttrValue::to_string)
+            ),
         }
     }
 

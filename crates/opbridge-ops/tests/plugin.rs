@@ -249,7 +249,7 @@ fn calls_attributes_and_kernel_errors() {
         matches!(&failed, OpError::Kernel { op, message } if op == "plug_add" && message.contains("kernel failure"))
     );
     let wrong_kind = call("plug_add", None, &[1.0], &[("k", AttrValue::Float(0.5))]).unwrap_err();
-    assert!(matches!(wrong_kind, OpError::Argument { .. }), "{wrong_kind:?}");
+    assert!(matches!(wrong_kind, OpError::InvalidAttribute { .. }), "{wrong_kind:?}");
     lib.unload().unwrap();
 }
 

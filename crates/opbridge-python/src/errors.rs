@@ -120,7 +120,9 @@ pub fn to_pyerr(error: impl Into<OpError>) -> PyErr {
         OpError::DType { .. } => dtype_error(message),
         OpError::Device { .. } => device_error(message),
         OpError::Argument { .. } | OpError::Kernel { .. } => argument_error(message),
-        OpError::UnknownAttribute { .. } | OpError::MissingAttribute { .. } => argument_error(message),
+        OpError::UnknownAttribute { .. } | OpError::MissingAttribute { .. } | OpError::InvalidAttribute { .. } => {
+            argument_error(message)
+        }
         OpError::UnknownOperator { .. }
         | OpError::UnknownVersion { .. }
         | OpError::DuplicateOperator { .. }

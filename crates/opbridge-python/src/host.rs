@@ -146,7 +146,13 @@ pub fn unalias<'py>(input: HostArray<'py>, out: Option<&HostArray<'py>>) -> PyRe
 
 /// A new C-contiguous output array: pool memory for large ones, numpy's for small ones.
 pub fn new_output<'py>(py: Python<'py>, dtype: DType, shape: &[usize]) -> PyResult<HostArray<'py>> {
-    let bytes = shape.iter().product::<usize>() * dtype.size();
+    let bytes = shape
+        .iter()
+        .try_fold(dtype.size(), |n, &d| n.checked_mul(d))
+        .filter(|&b| b <= isize::MAX as usize)
+        .ok_or_else(|| {
+            crate::errors::shape_error(format!("an output of shape {shape:?} and dtype {dtype} is too large"))
+        })?;
     let array = if bytes >= POOL_OUTPUT_MIN_BYTES {
         let ctx = DeviceContext::cpu();
         // Detached: under memory pressure the pool waits for streams whose host functions may

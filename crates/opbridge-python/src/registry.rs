@@ -48,7 +48,11 @@ fn attr_value(value: &Bound<'_, PyAny>) -> PyResult<AttrValue> {
     if let Ok(v) = value.extract::<Vec<i64>>() {
         return Ok(AttrValue::Ints(v));
     }
-    Err(PyTypeError::new_err(format!("unsupported attribute value {value}")))
+    // numpy dtypes and scalar types (`dtype=np.float32`) travel by name.
+    if let Ok(descr) = host::numpy(value.py())?.call_method1("dtype", (value,)) {
+        return Ok(AttrValue::Str(descr.getattr("name")?.extract()?));
+    }
+    Err(argument_error(format!("unsupported argument value {value} of type {}", value.get_type().name()?)))
 }
 
 fn attr_to_py<'py>(py: Python<'py>, value: &AttrValue) -> PyResult<Bound<'py, PyAny>> {

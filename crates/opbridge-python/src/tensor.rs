@@ -231,7 +231,9 @@ pub fn parse_device(device: Option<&str>) -> PyResult<DeviceId> {
 
 fn parse_dtype(py: Python<'_>, dtype: Option<&Bound<'_, PyAny>>) -> PyResult<DType> {
     let Some(dtype) = dtype else { return Ok(DType::F32) };
-    let descr = host::numpy(py)?.call_method1("dtype", (dtype,))?;
+    let descr = host::numpy(py)?.call_method1("dtype", (dtype,)).map_err(|e| {
+        dtype_error(format!("expected a dtype of float16, float32, float64, int32, int64, got {dtype}: {e}"))
+    })?;
     let descr = descr.cast::<numpy::PyArrayDescr>()?;
     np_ffi::dtype_of_num(descr.num())
         .ok_or_else(|| dtype_error(format!("expected a dtype of float16, float32, float64, int32, int64, got {descr}")))
