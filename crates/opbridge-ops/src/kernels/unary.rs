@@ -108,7 +108,7 @@ real!(f64, libm::erfc, f64::exp, f64::tanh);
 /// about 1 ulp. The scale `2^n` is applied in two halves so results down in the subnormal range
 /// are right too; overflow gives inf, NaN stays NaN.
 #[inline(always)]
-fn exp_f32(x: f32) -> f32 {
+pub(crate) fn exp_f32(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
