@@ -239,8 +239,15 @@ impl fmt::Display for Source {
 pub struct Entry {
     pub op: Arc<dyn Operator>,
     pub source: Source,
-    in_flight: Mutex<usize>,
+    /// Calls in flight, and whether an unload waits for them to end.
+    in_flight: Mutex<InFlight>,
     idle: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct InFlight {
+    calls: usize,
+    waiters: usize,
 }
 
 impl fmt::Debug for Entry {
@@ -256,16 +263,18 @@ impl Entry {
 
     /// Marks a call in flight until the guard drops (async calls move it into the kernel).
     pub fn enter(self: &Arc<Self>) -> CallGuard {
-        *self.in_flight.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        self.in_flight.lock().unwrap_or_else(|p| p.into_inner()).calls += 1;
         CallGuard(Arc::clone(self))
     }
 
     /// Blocks until no call of this operator is in flight.
     pub fn wait_idle(&self) {
-        let mut count = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
-        while *count > 0 {
-            count = self.idle.wait(count).unwrap_or_else(|p| p.into_inner());
+        let mut state = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        state.waiters += 1;
+        while state.calls > 0 {
+            state = self.idle.wait(state).unwrap_or_else(|p| p.into_inner());
         }
+        state.waiters -= 1;
     }
 }
 
@@ -281,9 +290,10 @@ impl CallGuard {
 
 impl Drop for CallGuard {
     fn drop(&mut self) {
-        let mut count = self.0.in_flight.lock().unwrap_or_else(|p| p.into_inner());
-        *count -= 1;
-        if *count == 0 {
+        let mut state = self.0.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        state.calls -= 1;
+        // Waking costs a system call: only when an unload is actually waiting.
+        if state.calls == 0 && state.waiters > 0 {
             self.0.idle.notify_all();
         }
     }
@@ -334,7 +344,7 @@ impl Registry {
         if let Some(existing) = versions.get(&version) {
             return Err(OpError::DuplicateOperator { name, version, existing: existing.source.to_string() });
         }
-        let entry = Arc::new(Entry { op, source, in_flight: Mutex::new(0), idle: Condvar::new() });
+        let entry = Arc::new(Entry { op, source, in_flight: Mutex::new(InFlight::default()), idle: Condvar::new() });
         versions.insert(version, Arc::clone(&entry));
         self.generation.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         Ok(entry)

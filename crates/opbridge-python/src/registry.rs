@@ -12,6 +12,8 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
+use smallvec::SmallVec;
+
 use crate::errors::{argument_error, device_error, dtype_error, shape_error, to_pyerr};
 use crate::host::{self, check_out, new_output, HostArray};
 use crate::tensor::{as_out_tensor, as_tensor, PyTensor};
@@ -66,9 +68,13 @@ fn attr_to_py<'py>(py: Python<'py>, value: &AttrValue) -> PyResult<Bound<'py, Py
     })
 }
 
+/// Per-call lists (operands, metas, views): inline for the usual handful, so a call does not
+/// allocate to describe itself.
+type Few<T> = SmallVec<[T; 4]>;
+
 /// The call's arguments sorted into tensor inputs (by schema position) and attributes.
 struct BoundCall<'py> {
-    inputs: Vec<Option<Bound<'py, PyAny>>>,
+    inputs: Few<Option<Bound<'py, PyAny>>>,
     attrs: Attrs,
 }
 
@@ -87,7 +93,7 @@ fn bind<'py>(
             args.len()
         )));
     }
-    let mut inputs: Vec<Option<Bound<'py, PyAny>>> = args.iter().map(Some).collect();
+    let mut inputs: Few<Option<Bound<'py, PyAny>>> = args.iter().map(Some).collect();
     inputs.resize(schema.inputs.len(), None);
     let mut attrs = Vec::new();
     if let Some(kwargs) = kwargs {
@@ -165,18 +171,18 @@ fn call_host<'py>(
 ) -> PyResult<Bound<'py, PyAny>> {
     let schema = entry.schema();
     let name = schema.name.as_str();
-    let mut arrays = Vec::with_capacity(call.inputs.len());
+    let mut arrays: Few<Option<HostArray<'py>>> = Few::new();
     for (spec, input) in schema.inputs.iter().zip(&call.inputs) {
         arrays.push(match input {
             Some(obj) => Some(HostArray::extract(name, &spec.name, obj, &schema.dtypes)?),
             None => None,
         });
     }
-    let metas: Vec<Option<Meta>> = arrays.iter().map(|a| a.as_ref().map(|a| Meta::new(a.dtype, a.shape()))).collect();
+    let metas: Few<Option<Meta>> = arrays.iter().map(|a| a.as_ref().map(|a| Meta::new(a.dtype, a.shape()))).collect();
     let wanted = entry.op.input_dtypes(&metas, &call.attrs).map_err(to_pyerr)?;
     let outputs = entry.op.infer(&metas, &call.attrs).map_err(to_pyerr)?;
     // Inputs the kernel can read in place are kept (any strides); the others are copied once.
-    let mut inputs = Vec::with_capacity(arrays.len());
+    let mut inputs: Few<Option<HostArray<'py>>> = Few::new();
     for (array, dtype) in arrays.into_iter().zip(&wanted) {
         inputs.push(match (array, dtype) {
             (Some(a), Some(dtype)) => {
@@ -190,10 +196,10 @@ fn call_host<'py>(
             _ => None,
         });
     }
-    let views: Vec<Option<TensorView>> = inputs.iter().map(|a| a.as_ref().map(view_of)).collect();
+    let views: Few<Option<TensorView>> = inputs.iter().map(|a| a.as_ref().map(view_of)).collect();
     // Outputs: the caller's (validated) or new ones; computed aside when they overlap inputs.
     let given = out_list(name, out, outputs.len())?;
-    let mut results: Vec<HostArray<'py>> = Vec::with_capacity(outputs.len());
+    let mut results: Few<HostArray<'py>> = Few::new();
     let mut copy_back: Vec<(usize, HostArray<'py>)> = Vec::new();
     for (k, meta) in outputs.iter().enumerate() {
         let Some(given) = &given else {
@@ -223,7 +229,7 @@ fn call_host<'py>(
             results.push(target);
         }
     }
-    let out_views: Vec<TensorView> = results.iter().map(view_of).collect();
+    let out_views: Few<TensorView> = results.iter().map(view_of).collect();
     check_outputs_disjoint(name, &out_views)?;
     let bytes: usize = out_views.iter().chain(views.iter().flatten()).map(|v| v.numel() * v.dtype.size()).sum();
     let guard = entry.enter();
@@ -234,8 +240,10 @@ fn call_host<'py>(
         host::numpy(py)?.call_method1("copyto", (&target.array, &results[k].array))?;
         results[k] = target;
     }
-    let mut results: Vec<Bound<'py, PyAny>> = results.into_iter().map(|r| r.array.into_any()).collect();
-    Ok(if results.len() == 1 { results.remove(0) } else { PyTuple::new(py, results)?.into_any() })
+    if results.len() == 1 {
+        return Ok(results.remove(0).array.into_any());
+    }
+    Ok(PyTuple::new(py, results.into_iter().map(|r| r.array.into_any()))?.into_any())
 }
 
 /// The async path: tensors in, tensors out, enqueued on the current stream.

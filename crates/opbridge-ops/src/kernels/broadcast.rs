@@ -127,6 +127,8 @@ pub fn view_overlap(out: &TensorView, input: &TensorView) -> ViewOverlap {
 /// Per-operand element strides of one dimension.
 type Strides<const N: usize> = [isize; N];
 
+type Dims<const N: usize> = smallvec::SmallVec<[(usize, Strides<N>); 6]>;
+
 /// A prepared walk over `N` views of one shape (see the module docs). Operand 0 decides the
 /// axis order: pass the output first. Addresses are plain `usize` so the loop is `Send`.
 #[derive(Debug, Clone)]
@@ -136,8 +138,8 @@ pub struct StridedLoop<const N: usize> {
     /// Element size of each operand in bytes.
     elem: [usize; N],
     /// Collapsed dimensions, outer to inner: size and per-operand strides in elements. Empty
-    /// when there is at most one element.
-    dims: Vec<(usize, Strides<N>)>,
+    /// when there is at most one element. Inline: preparing a walk allocates nothing.
+    dims: Dims<N>,
     numel: usize,
 }
 
@@ -156,8 +158,11 @@ impl<const N: usize> StridedLoop<N> {
         let numel = shape.iter().product();
         let mut base = views.map(|v| v.data);
         let elem = views.map(|v| v.dtype.size());
-        let mut dims: Vec<(usize, Strides<N>)> = Vec::with_capacity(shape.len());
-        if numel > 1 {
+        let mut dims: Dims<N> = Dims::new();
+        if numel > 1 && views.iter().all(|v| v.is_contiguous()) {
+            // The common case: every operand is one contiguous run.
+            dims.push((numel, [1; N]));
+        } else if numel > 1 {
             for (axis, &d) in shape.iter().enumerate() {
                 if d == 1 {
                     continue;
@@ -174,7 +179,7 @@ impl<const N: usize> StridedLoop<N> {
             }
             // Outer axes first by operand 0's stride; stable, so C order stays as it is.
             dims.sort_by_key(|&(_, st)| std::cmp::Reverse(st[0].unsigned_abs()));
-            let mut merged: Vec<(usize, Strides<N>)> = Vec::with_capacity(dims.len());
+            let mut merged: Dims<N> = Dims::new();
             for (d, st) in dims {
                 if let Some((outer_d, outer_st)) = merged.last_mut() {
                     if (0..N).all(|k| outer_st[k] == st[k] * d as isize) {
