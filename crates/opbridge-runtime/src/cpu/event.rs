@@ -13,6 +13,8 @@ use crate::error::{Error, Result};
 pub(super) struct Point {
     reached: Mutex<Option<Instant>>,
     done: Condvar,
+    /// Threads blocked in `wait`: completing wakes them (a system call) only when there are any.
+    waiters: std::sync::atomic::AtomicUsize,
 }
 
 impl Point {
@@ -21,15 +23,26 @@ impl Point {
     }
 
     pub(super) fn complete(&self) {
-        self.lock().get_or_insert_with(Instant::now);
-        self.done.notify_all();
+        let mut reached = self.lock();
+        reached.get_or_insert_with(Instant::now);
+        // Waiters register under the lock, so none can be missed between this check and sleep.
+        let wake = self.waiters.load(std::sync::atomic::Ordering::Relaxed) > 0;
+        drop(reached);
+        if wake {
+            self.done.notify_all();
+        }
     }
 
     pub(super) fn wait(&self) {
         let mut reached = self.lock();
+        if reached.is_some() {
+            return;
+        }
+        self.waiters.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         while reached.is_none() {
             reached = self.done.wait(reached).unwrap_or_else(|p| p.into_inner());
         }
+        self.waiters.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     fn time(&self) -> Option<Instant> {

@@ -30,6 +30,8 @@ struct Completed {
     count: u64,
     /// First error since the last synchronize (CUDA reports async errors once, at the next sync).
     error: Option<String>,
+    /// Threads blocked in `drain`: the worker wakes them (a system call) only when there are any.
+    waiters: usize,
 }
 
 /// Handle of a CPU stream. Dropping it lets the worker finish the queued work and exit.
@@ -61,8 +63,11 @@ impl CpuStream {
                     if let Err(message) = outcome {
                         state.error.get_or_insert(message);
                     }
+                    let wake = state.waiters > 0;
                     drop(state);
-                    worker_progress.done.notify_all();
+                    if wake {
+                        worker_progress.done.notify_all();
+                    }
                 }
             })
             .map_err(|e| Error::Device {
@@ -143,9 +148,11 @@ impl StreamBackend for CpuStream {
         }
         let target = self.progress.submitted.load(Ordering::SeqCst);
         let mut state = self.progress.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.waiters += 1;
         while state.count < target {
             state = self.progress.done.wait(state).unwrap_or_else(|p| p.into_inner());
         }
+        state.waiters -= 1;
         Ok(())
     }
 
