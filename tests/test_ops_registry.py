@@ -77,3 +77,14 @@ def test_unknown_names_versions_and_arguments_are_typed_errors_listing_what_exis
         ob.ops.get("matmul", version=1)(np.ones((2, 2), np.int32), np.ones((2, 2), np.int32))
     with pytest.raises(ob.ShapeError):
         ob.ops.vector_add(np.ones(2), np.ones(3))
+
+
+def test_attribute_values_of_every_python_and_numpy_kind():
+    x = np.arange(6.0).reshape(2, 3)
+    np.testing.assert_array_equal(ob.ops.sum(x, axis=np.int64(1)), x.sum(axis=1))
+    np.testing.assert_array_equal(ob.ops.sum(x, axis=-1, keepdims=True), x.sum(axis=-1, keepdims=True))
+    np.testing.assert_allclose(ob.ops.layer_norm(x, eps=np.float32(1e-3)), ob.ops.layer_norm(x, eps=1e-3))
+    assert ob.ops.cast(x, dtype=np.int32).dtype == np.int32
+    np.testing.assert_array_equal(ob.ops.transpose(x, axes=(1, 0)), x.T)
+    with pytest.raises(ob.ArgumentError, match="expected axis to be an int"):
+        ob.ops.sum(x, axis=1.5)

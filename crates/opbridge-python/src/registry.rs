@@ -34,18 +34,26 @@ fn attr_value(value: &Bound<'_, PyAny>) -> PyResult<AttrValue> {
     if value.is_none() {
         return Ok(AttrValue::None);
     }
-    // bool before int: Python's bool is an int.
+    // Type checks first: a failed `extract` builds a Python exception, which costs more than
+    // the whole call. bool before int: Python's bool is an int.
     if let Ok(b) = value.cast::<pyo3::types::PyBool>() {
         return Ok(AttrValue::Bool(b.is_true()));
     }
+    if value.is_instance_of::<pyo3::types::PyInt>() {
+        return Ok(AttrValue::Int(value.extract()?));
+    }
+    if value.is_instance_of::<pyo3::types::PyFloat>() {
+        return Ok(AttrValue::Float(value.extract()?));
+    }
+    if let Ok(s) = value.cast::<pyo3::types::PyString>() {
+        return Ok(AttrValue::Str(s.to_str()?.to_string()));
+    }
+    // numpy scalars and other int- or float-likes (rare: the failed attempts are fine here).
     if let Ok(i) = value.extract::<i64>() {
         return Ok(AttrValue::Int(i));
     }
     if let Ok(x) = value.extract::<f64>() {
         return Ok(AttrValue::Float(x));
-    }
-    if let Ok(s) = value.extract::<String>() {
-        return Ok(AttrValue::Str(s));
     }
     if let Ok(v) = value.extract::<Vec<i64>>() {
         return Ok(AttrValue::Ints(v));
