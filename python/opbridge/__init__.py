@@ -13,8 +13,7 @@ Example:
 from __future__ import annotations
 
 import atexit as _atexit
-
-import os
+import os as _os
 
 from . import _native, ops, tuning
 from ._native import (
@@ -49,7 +48,7 @@ from .tuning import calibrate
 def get_include() -> str:
     """The folder of opbridge's C headers, for ``-I``: operator libraries include
     ``<opbridge/plugin.h>`` (as with ``numpy.get_include()``)."""
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "include")
+    return _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "include")
 
 
 from . import jit  # noqa: E402  (uses get_include and the native types above)
