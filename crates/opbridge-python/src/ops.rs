@@ -14,7 +14,12 @@ use crate::errors::to_pyerr;
 use crate::host::{self, check_out, new_output, unalias, HostArray};
 use crate::tensor::{as_out_tensor, as_tensor, PyTensor};
 
+/// Whether any argument is an `opbridge.Tensor` (the async path). Plain ndarrays, the hot
+/// case, are recognized first with one type comparison each.
 fn involves_tensor(args: &[Option<&Bound<'_, PyAny>>]) -> bool {
+    if args.iter().flatten().all(|a| crate::ffi::numpy::as_ndarray(a).is_some()) {
+        return false;
+    }
     args.iter().flatten().any(|a| a.is_instance_of::<PyTensor>())
 }
 
