@@ -6,7 +6,8 @@ use std::sync::Arc;
 use opbridge_runtime::{DType, DeviceContext, Stream, Tensor};
 
 use crate::error::{OpError, Result};
-use crate::kernels::{copy, elementwise, matmul as mm};
+use crate::kernels::{cast, elementwise, matmul as mm};
+use crate::view::TensorView;
 use crate::{check_matmul, check_vector_add, overlap, Alias, Overlap};
 
 fn same_device(op: &'static str, tensors: &[&Tensor], stream: &Stream) -> Result<&'static Arc<DeviceContext>> {
@@ -37,35 +38,19 @@ pub fn contiguous(t: &Arc<Tensor>, dtype: DType, stream: &Stream) -> Result<Arc<
         return Ok(Arc::clone(t));
     }
     let ctx = same_device("contiguous", &[t], stream)?;
-    let packed = if t.is_contiguous() { None } else { Some(Tensor::empty(ctx, t.shape(), t.dtype(), stream.id())?) };
-    let converted = if t.dtype() == dtype { None } else { Some(Tensor::empty(ctx, t.shape(), dtype, stream.id())?) };
-    let (src, shape, strides, from) = (t.data_ptr().0, t.shape().to_vec(), t.strides().to_vec(), t.dtype());
-    let packed_ptr = packed.as_ref().map(|p| p.data_ptr().0);
-    let converted_ptr = converted.as_ref().map(|c| c.data_ptr().0);
-    let n = t.numel();
-    let writes: Vec<&Tensor> = packed.iter().chain(converted.iter()).collect();
+    let converted = Tensor::empty(ctx, t.shape(), dtype, stream.id())?;
+    let (src, dst) = (TensorView::of_tensor(t), TensorView::of_tensor(&converted));
     Tensor::launch(
         stream,
         &[t],
-        &writes,
+        &[&converted],
         Box::new(move || {
-            // SAFETY: `src` with `shape`/`strides` is `t`'s validated layout; `packed` and
-            // `converted` are fresh contiguous blocks of the right sizes; stream order keeps
-            // all of them alive and unaliased until this kernel has run.
-            unsafe {
-                let mut cursor = src as *const u8;
-                if let Some(p) = packed_ptr {
-                    copy::gather(cursor, &shape, &strides, from.size(), p as *mut u8);
-                    cursor = p as *const u8;
-                }
-                if let Some(c) = converted_ptr {
-                    elementwise::cast(from, cursor, dtype, c as *mut u8, n);
-                }
-            }
-            Ok(())
+            // SAFETY: `src` is `t`'s validated layout; `dst` is a fresh contiguous block of the
+            // same shape; stream order keeps both alive and unaliased until this kernel has run.
+            unsafe { cast::cast_view(&src, &dst) }
         }),
     )?;
-    Ok(Arc::new(converted.or(packed).expect("at least one conversion was needed")))
+    Ok(Arc::new(converted))
 }
 
 /// `a + b` on `stream`. Returns the new tensor, or `None` when it wrote into `out`.

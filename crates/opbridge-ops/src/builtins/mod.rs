@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::error::Result;
-use crate::kernels::{copy, elementwise, matmul as mm};
+use crate::kernels::{elementwise, matmul as mm};
 use crate::registry::{OpBuilder, Registry, Source};
 use crate::schema::Meta;
 use crate::view::TensorView;
@@ -37,19 +37,6 @@ fn required(inputs: &[Option<Meta>], i: usize) -> &Meta {
     inputs[i].as_ref().expect("required inputs are checked by the caller")
 }
 
-/// A contiguous copy of a strided view, in an aligned scratch buffer the caller keeps alive.
-fn packed(view: &TensorView) -> (TensorView, Option<Vec<u64>>) {
-    if view.is_contiguous() {
-        return (view.clone(), None);
-    }
-    let bytes = view.numel() * view.dtype.size();
-    let mut scratch = vec![0u64; bytes.div_ceil(8)];
-    let dst = scratch.as_mut_ptr() as usize;
-    // SAFETY: `view` describes valid memory (the registry's contract); `scratch` holds `bytes`.
-    unsafe { copy::gather(view.data as *const u8, &view.shape, &view.strides, view.dtype.size(), dst as *mut u8) };
-    (TensorView::contiguous(dst, view.dtype, &view.shape), Some(scratch))
-}
-
 fn vector_add() -> Result<crate::registry::OpDef> {
     OpBuilder::new("vector_add", 1)
         .doc("Elementwise sum of two arrays of the same shape; the result dtype is numpy's for `a + b`.")
@@ -65,9 +52,13 @@ fn vector_add() -> Result<crate::registry::OpDef> {
             Ok(vec![Meta::new(dtype, &a.shape)])
         })
         .cpu(|inputs, outputs, _| {
-            let (a, _ka) = packed(inputs[0].as_ref().expect("a"));
-            let (b, _kb) = packed(inputs[1].as_ref().expect("b"));
-            let out = &outputs[0];
+            let (a, b, out) = (inputs[0].as_ref().expect("a"), inputs[1].as_ref().expect("b"), &outputs[0]);
+            if !(a.is_contiguous() && b.is_contiguous()) {
+                // SAFETY: views valid per the registry's contract; `out` is disjoint from the
+                // inputs or exactly one of them (`in_place_ok`).
+                return unsafe { crate::kernels::binary::binary(crate::kernels::binary::BinaryOp::Add, a, b, out) }
+                    .map_err(kernel("vector_add"));
+            }
             let alias = match (a.data == out.data, b.data == out.data) {
                 (true, true) => Alias::OutIsBoth,
                 (true, false) => Alias::OutIsA,

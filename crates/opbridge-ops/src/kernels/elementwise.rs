@@ -169,22 +169,3 @@ unsafe fn add_streaming_parallel(dtype: DType, a: *const u8, b: *const u8, out: 
         unsafe { streaming::add_streaming(dtype, at(a) as *const u8, at(b) as *const u8, at(out) as *mut u8, len) };
     });
 }
-
-/// Converts `n` contiguous elements from `from` to `to` (numpy's `astype` for the promotions
-/// `a + b` needs: to float through f64, int to int through i64).
-///
-/// # Safety
-/// `src` and `dst` point to `n` valid elements of their dtypes and do not overlap.
-pub unsafe fn cast(from: DType, src: *const u8, to: DType, dst: *mut u8, n: usize) {
-    crate::with_dtype!(from, S => crate::with_dtype!(to, D => {
-        // SAFETY: forwarded from the caller's contract.
-        let (src, dst) = unsafe {
-            (std::slice::from_raw_parts(src.cast::<S>(), n), std::slice::from_raw_parts_mut(dst.cast::<D>(), n))
-        };
-        if to.is_float() {
-            dst.iter_mut().zip(src).for_each(|(d, &s)| *d = D::from_f64(s.to_f64()));
-        } else {
-            dst.iter_mut().zip(src).for_each(|(d, &s)| *d = D::from_i64(s.to_i64()));
-        }
-    }))
-}

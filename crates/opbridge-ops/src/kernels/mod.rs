@@ -5,7 +5,6 @@ pub mod batched;
 pub mod binary;
 pub mod broadcast;
 pub mod cast;
-pub mod copy;
 pub mod elementwise;
 pub mod embedding;
 pub mod matmul;
