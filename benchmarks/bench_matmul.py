@@ -1,4 +1,5 @@
-"""matmul against numpy (OpenBLAS) in the same run, plus pool allocate/free from Python.
+"""matmul against numpy (OpenBLAS) in the same run: square products, then batched ones with
+broadcast batch dimensions (float32 and float16, which numpy computes without BLAS).
 
 numpy is measured as it runs for users; OPENBLAS_CORETYPE pins an older kernel on some
 machines here, so for a fair peer run this with it unset (``make bench`` does):
@@ -38,6 +39,29 @@ def main() -> None:
             print(
                 f"| {n}² | {np.dtype(dtype).name} | {fmt_time(t_ob)} | {flops / t_ob / 1e9:.1f} | "
                 f"{fmt_time(t_np)} | {flops / t_np / 1e9:.1f} | {t_ob / t_np:.2f} |"
+            )
+    print("\n## batched and broadcast batches (`ob.ops.matmul`, numpy's `@` rules)\n")
+    print("| a | b | dtype | opbridge | GFLOP/s | numpy | time ratio ob/np |")
+    print("|---|---|---|---:|---:|---:|---:|")
+    batched = [
+        ((64, 64, 64), (64, 64, 64)),  # many small products: per-matrix overhead
+        ((8, 256, 256), (8, 256, 256)),
+        ((16, 128, 64), (64, 128)),  # one weight broadcast over a batch (a linear layer)
+        ((4, 1, 128, 128), (1, 6, 128, 128)),  # broadcasting both batch dimensions
+    ]
+    for a_shape, b_shape in batched:
+        for dtype in (np.float32, np.float16):
+            a = rng.random(a_shape).astype(dtype)
+            b = rng.random(b_shape).astype(dtype)
+            want = np.matmul(a.astype(np.float32), b.astype(np.float32))
+            c = np.empty(want.shape, dtype)
+            np.testing.assert_allclose(ob.ops.matmul(a, b).astype(np.float32), want, rtol=2e-2, atol=1e-2)
+            t_ob = best_time(lambda: ob.ops.matmul(a, b, out=c), 0.3)
+            t_np = best_time(lambda: np.matmul(a, b, out=c), 0.3)
+            flops = 2 * want.size * a_shape[-1]
+            print(
+                f"| {a_shape} | {b_shape} | {np.dtype(dtype).name} | {fmt_time(t_ob)} | {flops / t_ob / 1e9:.1f} | "
+                f"{fmt_time(t_np)} | {t_ob / t_np:.2f} |"
             )
     ratio = result[(1024, "float32")]
     print(f"\nTarget: float32 1024² ≤ 1.2× numpy's time: {ratio:.2f}× — {'met' if ratio <= 1.2 else 'NOT met'}")

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
 
 use opbridge_runtime::{DType, DeviceKind};
@@ -44,6 +45,38 @@ pub trait Operator: Send + Sync {
     fn in_place_ok(&self) -> bool {
         false
     }
+
+    /// The fast lane of elementwise operators, if this is one (see [`Lane`]).
+    fn lane(&self) -> Option<&Lane> {
+        None
+    }
+}
+
+/// Whether an elementwise operator's lane takes inputs of a dtype (and gives that dtype back).
+pub type LaneAcceptsFn = dyn Fn(DType) -> bool + Send + Sync;
+/// A lane kernel: `(dtype, input addresses, output address, element count)`.
+pub type LaneKernelFn = dyn Fn(DType, &[usize], usize, usize) -> Result<()> + Send + Sync;
+
+/// The fast lane of an elementwise operator: every input and the output C-contiguous, of one
+/// shape and one dtype, attributes at their defaults. A small call spends most of its time
+/// describing itself (shape function, dtype rule, views); in the lane a caller that has checked
+/// those conditions skips the description and hands the kernel raw addresses. numpy's ufuncs
+/// have the same lane for contiguous operands. Results must equal the generic path's.
+pub struct Lane {
+    /// dtypes the lane serves: the result has the inputs' dtype and no input check is left
+    /// (integer `div` or `pow`, for instance, stay on the generic path).
+    pub accepts: Box<LaneAcceptsFn>,
+    /// Runs over `len` elements. The caller guarantees what [`Operator::run_cpu`]'s callers
+    /// guarantee for views: each address is aligned for the dtype and valid for `len` elements,
+    /// and the output is disjoint from every input or exactly equal to one when the operator
+    /// is [`Operator::in_place_ok`].
+    pub run: Box<LaneKernelFn>,
+}
+
+impl fmt::Debug for Lane {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Lane")
+    }
 }
 
 type InferFn = dyn Fn(&[Option<Meta>], &Attrs) -> Result<Vec<Meta>> + Send + Sync;
@@ -57,6 +90,7 @@ pub struct OpDef {
     cast: Option<Box<CastFn>>,
     cpu: Box<KernelFn>,
     in_place_ok: bool,
+    lane: Option<Lane>,
 }
 
 impl fmt::Debug for OpDef {
@@ -88,6 +122,10 @@ impl Operator for OpDef {
     fn in_place_ok(&self) -> bool {
         self.in_place_ok
     }
+
+    fn lane(&self) -> Option<&Lane> {
+        self.lane.as_ref()
+    }
 }
 
 /// Declares an operator in a few lines; `build` refuses an incomplete declaration.
@@ -113,6 +151,7 @@ pub struct OpBuilder {
     cast: Option<Box<CastFn>>,
     cpu: Option<Box<KernelFn>>,
     in_place_ok: bool,
+    lane: Option<Lane>,
 }
 
 impl fmt::Debug for OpBuilder {
@@ -137,6 +176,7 @@ impl OpBuilder {
             cast: None,
             cpu: None,
             in_place_ok: false,
+            lane: None,
         }
     }
 
@@ -197,6 +237,16 @@ impl OpBuilder {
         self
     }
 
+    /// The elementwise fast lane (see [`Lane`]).
+    pub fn lane(
+        mut self,
+        accepts: impl Fn(DType) -> bool + Send + Sync + 'static,
+        run: impl Fn(DType, &[usize], usize, usize) -> Result<()> + Send + Sync + 'static,
+    ) -> Self {
+        self.lane = Some(Lane { accepts: Box::new(accepts), run: Box::new(run) });
+        self
+    }
+
     pub fn build(mut self) -> Result<OpDef> {
         let name = self.schema.name.clone();
         let invalid = |message: &str| OpError::InvalidOperator { name: name.clone(), message: message.into() };
@@ -214,6 +264,7 @@ impl OpBuilder {
             cpu: self.cpu.ok_or_else(|| invalid("no CPU kernel"))?,
             cast: self.cast,
             in_place_ok: self.in_place_ok,
+            lane: self.lane,
             schema: self.schema,
         })
     }
@@ -239,15 +290,12 @@ impl fmt::Display for Source {
 pub struct Entry {
     pub op: Arc<dyn Operator>,
     pub source: Source,
-    /// Calls in flight, and whether an unload waits for them to end.
-    in_flight: Mutex<InFlight>,
+    /// Calls in flight: an atomic, so a call costs no lock (the lock below is for unloads).
+    calls: AtomicUsize,
+    /// Unloads waiting for `calls` to reach zero (they sleep on `idle` under `wait`).
+    waiters: AtomicUsize,
+    wait: Mutex<()>,
     idle: Condvar,
-}
-
-#[derive(Debug, Default)]
-struct InFlight {
-    calls: usize,
-    waiters: usize,
 }
 
 impl fmt::Debug for Entry {
@@ -257,24 +305,37 @@ impl fmt::Debug for Entry {
 }
 
 impl Entry {
+    fn new(op: Arc<dyn Operator>, source: Source) -> Entry {
+        Entry {
+            op,
+            source,
+            calls: AtomicUsize::new(0),
+            waiters: AtomicUsize::new(0),
+            wait: Mutex::new(()),
+            idle: Condvar::new(),
+        }
+    }
+
     pub fn schema(&self) -> &Schema {
         self.op.schema()
     }
 
     /// Marks a call in flight until the guard drops (async calls move it into the kernel).
     pub fn enter(self: &Arc<Self>) -> CallGuard {
-        self.in_flight.lock().unwrap_or_else(|p| p.into_inner()).calls += 1;
+        self.calls.fetch_add(1, Ordering::SeqCst);
         CallGuard(Arc::clone(self))
     }
 
     /// Blocks until no call of this operator is in flight.
     pub fn wait_idle(&self) {
-        let mut state = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
-        state.waiters += 1;
-        while state.calls > 0 {
-            state = self.idle.wait(state).unwrap_or_else(|p| p.into_inner());
+        let mut lock = self.wait.lock().unwrap_or_else(|p| p.into_inner());
+        // SeqCst on both sides: either the last call sees this waiter and wakes it, or this
+        // waiter sees the count at zero (store, then load, in each thread).
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        while self.calls.load(Ordering::SeqCst) > 0 {
+            lock = self.idle.wait(lock).unwrap_or_else(|p| p.into_inner());
         }
-        state.waiters -= 1;
+        self.waiters.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -290,11 +351,13 @@ impl CallGuard {
 
 impl Drop for CallGuard {
     fn drop(&mut self) {
-        let mut state = self.0.in_flight.lock().unwrap_or_else(|p| p.into_inner());
-        state.calls -= 1;
-        // Waking costs a system call: only when an unload is actually waiting.
-        if state.calls == 0 && state.waiters > 0 {
-            self.0.idle.notify_all();
+        let entry = &self.0;
+        // Waking costs a lock and a system call: only when an unload is actually waiting.
+        if entry.calls.fetch_sub(1, Ordering::SeqCst) == 1 && entry.waiters.load(Ordering::SeqCst) > 0 {
+            // Taking the lock orders the wake after the waiter's check (it holds the lock from
+            // its check until it sleeps).
+            let _lock = entry.wait.lock().unwrap_or_else(|p| p.into_inner());
+            entry.idle.notify_all();
         }
     }
 }
@@ -312,7 +375,7 @@ pub struct OpInfo {
 pub struct Registry {
     ops: RwLock<BTreeMap<String, BTreeMap<u32, Arc<Entry>>>>,
     /// Bumped by every register/unregister, so callers can cache lookups.
-    generation: std::sync::atomic::AtomicU64,
+    generation: AtomicU64,
 }
 
 impl fmt::Debug for Registry {
@@ -344,9 +407,9 @@ impl Registry {
         if let Some(existing) = versions.get(&version) {
             return Err(OpError::DuplicateOperator { name, version, existing: existing.source.to_string() });
         }
-        let entry = Arc::new(Entry { op, source, in_flight: Mutex::new(InFlight::default()), idle: Condvar::new() });
+        let entry = Arc::new(Entry::new(op, source));
         versions.insert(version, Arc::clone(&entry));
-        self.generation.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.generation.fetch_add(1, Ordering::SeqCst);
         Ok(entry)
     }
 
@@ -358,7 +421,7 @@ impl Registry {
         if versions.is_empty() {
             ops.remove(name);
         }
-        self.generation.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.generation.fetch_add(1, Ordering::SeqCst);
         entry
     }
 
@@ -384,7 +447,7 @@ impl Registry {
 
     /// Changes whenever an operator is registered or unregistered.
     pub fn generation(&self) -> u64 {
-        self.generation.load(std::sync::atomic::Ordering::SeqCst)
+        self.generation.load(Ordering::SeqCst)
     }
 
     pub fn list(&self) -> Vec<OpInfo> {

@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use numpy::PyUntypedArrayMethods;
-use opbridge_ops::registry::{Entry, Registry};
+use numpy::{PyUntypedArray, PyUntypedArrayMethods};
+use opbridge_ops::registry::{Entry, Lane, Registry};
 use opbridge_ops::{overlap, AttrValue, Attrs, Meta, Overlap, TensorView};
 use opbridge_runtime::{DType, DeviceContext, Tensor};
 use pyo3::exceptions::PyTypeError;
@@ -15,6 +15,7 @@ use pyo3::types::{PyDict, PyList, PyTuple};
 use smallvec::SmallVec;
 
 use crate::errors::{argument_error, device_error, dtype_error, shape_error, to_pyerr};
+use crate::ffi::numpy as np_ffi;
 use crate::host::{self, check_out, new_output, HostArray};
 use crate::tensor::{as_out_tensor, as_tensor, PyTensor};
 
@@ -168,6 +169,77 @@ fn check_outputs_disjoint(name: &str, outputs: &[TensorView]) -> PyResult<()> {
         }
     }
     Ok(())
+}
+
+/// The elementwise fast lane (see `opbridge_ops::registry::Lane`): every argument a plain
+/// C-contiguous, aligned, native ndarray of one dtype and shape, no attributes, and `out`
+/// (when given) of the same kind and either disjoint from the inputs or one of them. Returns
+/// `None` when the call does not qualify: the generic path then handles it, errors included.
+fn try_lane<'py>(
+    py: Python<'py>,
+    entry: &Arc<Entry>,
+    lane: &Lane,
+    args: &Bound<'py, PyTuple>,
+    out: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    const MAX_INPUTS: usize = 4;
+    let n = args.len();
+    if n != entry.schema().inputs.len() || n == 0 || n > MAX_INPUTS {
+        return Ok(None);
+    }
+    let mut addresses = [0usize; MAX_INPUTS];
+    let mut first: Option<(DType, Bound<'py, PyUntypedArray>)> = None;
+    for (k, arg) in args.iter().enumerate() {
+        let Some(array) = np_ffi::as_ndarray(&arg) else { return Ok(None) };
+        let layout = np_ffi::layout(array);
+        if !(layout.is_c_contiguous() && layout.is_aligned() && layout.is_native()) {
+            return Ok(None);
+        }
+        let Some(dtype) = np_ffi::dtype_of_num(layout.type_num) else { return Ok(None) };
+        match &first {
+            None => first = Some((dtype, array.clone())),
+            Some((d, a)) if *d == dtype && a.shape() == array.shape() => {}
+            Some(_) => return Ok(None),
+        }
+        addresses[k] = layout.data;
+    }
+    let Some((dtype, model)) = first else { return Ok(None) };
+    if !entry.schema().dtypes.contains(&dtype) || !(lane.accepts)(dtype) {
+        return Ok(None);
+    }
+    let len = model.len();
+    let bytes = len * dtype.size();
+    let (out_address, result) = match out {
+        None => {
+            let fresh = new_output(py, dtype, model.shape())?;
+            (fresh.layout().data, fresh.array.into_any())
+        }
+        Some(given) => {
+            let Some(array) = np_ffi::as_ndarray(given) else { return Ok(None) };
+            let layout = np_ffi::layout(array);
+            let usable = layout.is_c_contiguous()
+                && layout.is_aligned()
+                && layout.is_native()
+                && layout.is_writeable()
+                && np_ffi::dtype_of_num(layout.type_num) == Some(dtype)
+                && array.shape() == model.shape();
+            let span = (layout.data, bytes);
+            let safe = |&a: &usize| match overlap((a, bytes), span) {
+                Overlap::Disjoint => true,
+                Overlap::Same => entry.op.in_place_ok(),
+                Overlap::Partial => false,
+            };
+            if !usable || !addresses[..n].iter().all(safe) {
+                return Ok(None);
+            }
+            (layout.data, given.clone())
+        }
+    };
+    let guard = entry.enter();
+    let inputs = &addresses[..n];
+    host::run(py, bytes * (n + 1), || (lane.run)(dtype, inputs, out_address, len)).map_err(to_pyerr)?;
+    drop(guard);
+    Ok(Some(result))
 }
 
 /// The synchronous numpy path.
@@ -435,6 +507,11 @@ impl PyOp {
         out: Option<&Bound<'py, PyAny>>,
         kwargs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        if let (None, Some(lane)) = (kwargs, self.entry.op.lane()) {
+            if let Some(result) = try_lane(py, &self.entry, lane, args, out)? {
+                return Ok(result);
+            }
+        }
         let call = bind(&self.entry, args, kwargs)?;
         if is_tensor_call(&call, out) {
             call_tensor(py, &self.entry, call, out)

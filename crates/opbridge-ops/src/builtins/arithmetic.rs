@@ -6,7 +6,7 @@ use opbridge_runtime::DType;
 
 use super::{kernel, required};
 use crate::error::{OpError, Result};
-use crate::kernels::binary::{binary, binary_result_dtype, BinaryOp};
+use crate::kernels::binary::{binary, binary_contiguous, binary_lane_accepts, binary_result_dtype, BinaryOp};
 use crate::kernels::broadcast::broadcast_shapes;
 use crate::kernels::cast::cast_view;
 use crate::kernels::unary::{unary, unary_result_dtype, UnaryOp};
@@ -72,6 +72,14 @@ fn binary_op(op: BinaryOp) -> Result<OpDef> {
             unsafe { binary(op, a, b, &outputs[0]) }.map_err(kernel(name))
         })
         .in_place_ok()
+        .lane(
+            move |dtype| binary_lane_accepts(op, dtype),
+            move |dtype, inputs, out, len| {
+                // SAFETY: the lane's contract (see `Lane::run`), which is `binary_contiguous`'s.
+                unsafe { binary_contiguous(op, dtype, inputs[0], inputs[1], out, len) };
+                Ok(())
+            },
+        )
         .build()
 }
 

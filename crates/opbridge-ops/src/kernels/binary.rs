@@ -137,6 +137,33 @@ pub unsafe fn binary(op: BinaryOp, a: &TensorView, b: &TensorView, out: &TensorV
     Ok(())
 }
 
+/// Whether [`binary_contiguous`] serves `op` on `dtype`: the result keeps the dtype and no
+/// value check is left (integer `div` changes dtype, integer `pow` checks its exponents).
+pub fn binary_lane_accepts(op: BinaryOp, dtype: DType) -> bool {
+    dtype.is_float() || !matches!(op, BinaryOp::Div | BinaryOp::Pow)
+}
+
+/// `out = op(a, b)` over `len` C-contiguous elements of `dtype`: the elementwise fast lane,
+/// with no views to analyze. Only for dtypes [`binary_lane_accepts`].
+///
+/// # Safety
+/// `a` and `b` are readable and `out` writable for `len` aligned elements of `dtype`, nothing
+/// else writes them during the call, and `out` is either disjoint from an input or equal to
+/// its address.
+pub unsafe fn binary_contiguous(op: BinaryOp, dtype: DType, a: usize, b: usize, out: usize, len: usize) {
+    debug_assert!(binary_lane_accepts(op, dtype));
+    let size = dtype.size();
+    let lp = StridedLoop::flat([out, a, b], [size; 3], len);
+    let min = op.parallel_min();
+    match dtype {
+        DType::F16 => run_float::<f16>(op, &lp, min),
+        DType::F32 => run_float::<f32>(op, &lp, min),
+        DType::F64 => run_float::<f64>(op, &lp, min),
+        DType::I32 => run_int::<i32>(op, &lp, min),
+        DType::I64 => run_int::<i64>(op, &lp, min),
+    }
+}
+
 /// Whether an integer view holds a negative element (read once each, before anything is
 /// written, so `out` may alias it).
 fn has_negative(view: &TensorView) -> bool {

@@ -195,6 +195,16 @@ impl<const N: usize> StridedLoop<N> {
         StridedLoop { base, elem, dims, numel }
     }
 
+    /// `len` elements of C-contiguous operands of one shape, with no views to analyze (the
+    /// elementwise fast lane). `elem` is each operand's element size in bytes.
+    pub fn flat(base: [usize; N], elem: [usize; N], len: usize) -> StridedLoop<N> {
+        let mut dims: Dims<N> = Dims::new();
+        if len > 1 {
+            dims.push((len, [1; N]));
+        }
+        StridedLoop { base, elem, dims, numel: len }
+    }
+
     /// Elements visited.
     pub fn numel(&self) -> usize {
         self.numel
