@@ -78,13 +78,33 @@ def list_ops() -> list[dict[str, Any]]:
     return _native.list_ops()
 
 
+# Names of operators installed as module attributes by `__getattr__`: the first `ob.ops.add`
+# goes through `__getattr__` (which Python reaches only after a failed lookup, a microsecond and
+# more), later ones are plain attribute lookups. `load_library` and `Library.unload` call
+# `_invalidate`, so an attribute never outlives the operator version it names.
+_installed: set[str] = set()
+
+
+def _invalidate() -> None:
+    """Forgets every cached operator (the native layer calls this when operators change)."""
+    global _generation
+    for name in _installed:
+        globals().pop(name, None)
+    _installed.clear()
+    _cache.clear()
+    _generation = -1
+
+
 def __getattr__(name: str) -> Op:
     if name.startswith("__"):
         raise AttributeError(name)
     try:
-        return get(name)
+        op = get(name)
     except OpBridgeError as e:
         raise AttributeError(str(e)) from None
+    globals()[name] = op
+    _installed.add(name)
+    return op
 
 
 def __dir__() -> list[str]:

@@ -21,9 +21,17 @@ pub struct PyLibrary {
     inner: Mutex<Option<NativeLibrary>>,
 }
 
+/// Tells `opbridge.ops` that the registry changed, so the operators it cached as module
+/// attributes (what makes `ob.ops.add` a plain attribute lookup) are looked up again.
+fn operators_changed(py: Python<'_>) -> PyResult<()> {
+    py.import("opbridge.ops")?.call_method0("_invalidate")?;
+    Ok(())
+}
+
 impl PyLibrary {
     fn load(py: Python<'_>, path: PathBuf) -> PyResult<PyLibrary> {
         let lib = py.detach(|| NativeLibrary::load(&path)).map_err(to_pyerr)?;
+        operators_changed(py)?;
         Ok(PyLibrary { path: lib.path().to_path_buf(), ops: lib.ops(), inner: Mutex::new(Some(lib)) })
     }
 
@@ -64,7 +72,11 @@ impl PyLibrary {
     fn unload(&self, py: Python<'_>) -> PyResult<()> {
         let lib = self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
         match lib {
-            Some(lib) => py.detach(|| lib.unload()).map_err(to_pyerr),
+            Some(lib) => {
+                let unloaded = py.detach(|| lib.unload()).map_err(to_pyerr);
+                operators_changed(py)?;
+                unloaded
+            }
             None => Ok(()),
         }
     }

@@ -6,7 +6,9 @@ use opbridge_runtime::DType;
 
 use super::{kernel, required};
 use crate::error::{OpError, Result};
-use crate::kernels::binary::{binary, binary_contiguous, binary_lane_accepts, binary_result_dtype, BinaryOp};
+use crate::kernels::binary::{
+    axpy as axpy_kernel, binary, binary_contiguous, binary_lane_accepts, binary_result_dtype, BinaryOp,
+};
 use crate::kernels::broadcast::broadcast_shapes;
 use crate::kernels::cast::cast_view;
 use crate::kernels::unary::{unary, unary_result_dtype, UnaryOp};
@@ -27,6 +29,7 @@ pub fn all() -> Result<Vec<OpDef>> {
             ops.push(unary_op(op)?);
         }
     }
+    ops.push(axpy()?);
     ops.push(gelu()?);
     ops.push(cast()?);
     ops.push(contiguous()?);
@@ -80,6 +83,38 @@ fn binary_op(op: BinaryOp) -> Result<OpDef> {
                 Ok(())
             },
         )
+        .build()
+}
+
+/// BLAS's axpy, `alpha * x + y`: a float attribute on a binary elementwise op (the built-in
+/// twin of the example plugins' `scale_add`, which `benchmarks/bench_plugin.py` compares).
+fn axpy() -> Result<OpDef> {
+    OpBuilder::new("axpy", 1)
+        .doc("Elementwise `alpha * x + y` (BLAS's axpy), with broadcasting; float dtypes.")
+        .input("x")
+        .input("y")
+        .attr("alpha", Some(AttrValue::Float(1.0)), "factor of x")
+        .dtypes(&FLOATS)
+        .cast(|inputs, _| {
+            let dtype = required(inputs, 0).dtype.promote(required(inputs, 1).dtype);
+            Ok(vec![Some(dtype), Some(dtype)])
+        })
+        .infer(|inputs, _| {
+            let (x, y) = (required(inputs, 0), required(inputs, 1));
+            let shape = broadcast_shapes(&[&x.shape, &y.shape]).map_err(|message| OpError::Shape {
+                op: "axpy",
+                expected: "broadcastable shapes".into(),
+                got: message,
+            })?;
+            Ok(vec![Meta { dtype: x.dtype.promote(y.dtype), shape: shape.into() }])
+        })
+        .cpu(|inputs, outputs, attrs| {
+            let alpha = attrs.float("alpha")?;
+            let (x, y) = (inputs[0].as_ref().expect("x"), inputs[1].as_ref().expect("y"));
+            // SAFETY: as for the binary operators.
+            unsafe { axpy_kernel(alpha, x, y, &outputs[0]) }.map_err(kernel("axpy"))
+        })
+        .in_place_ok()
         .build()
 }
 

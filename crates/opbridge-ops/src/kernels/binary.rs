@@ -137,6 +137,37 @@ pub unsafe fn binary(op: BinaryOp, a: &TensorView, b: &TensorView, out: &TensorV
     Ok(())
 }
 
+/// `out = alpha * x + y` elementwise (BLAS's axpy), `x` and `y` broadcast to `out.shape`;
+/// float dtypes only (float16 computes in float32 and rounds once).
+///
+/// # Safety
+/// As for [`binary`].
+pub unsafe fn axpy(alpha: f64, x: &TensorView, y: &TensorView, out: &TensorView) -> Result<(), String> {
+    if x.dtype != out.dtype || y.dtype != out.dtype || !out.dtype.is_float() {
+        return Err(format!(
+            "axpy: expected x, y and out of one float dtype, got {}, {} and {}",
+            x.dtype, y.dtype, out.dtype
+        ));
+    }
+    let x_full = broadcast::try_broadcast_view(x, &out.shape).map_err(|e| format!("axpy: {e}"))?;
+    let y_full = broadcast::try_broadcast_view(y, &out.shape).map_err(|e| format!("axpy: {e}"))?;
+    if broadcast::has_repeated_elements(out) {
+        return Err("axpy: out has a stride-0 dimension (it names one element several times)".into());
+    }
+    let lp = StridedLoop::new([out, &x_full, &y_full]);
+    let min = crate::tuning::elementwise_parallel_min();
+    fn run<T: FloatElement>(alpha: f64, lp: &StridedLoop<3>, min: usize) {
+        let alpha = <T::R as Real>::c(alpha);
+        run_map(lp, min, move |x: T, y: T| T::down(alpha * x.up() + y.up()));
+    }
+    match out.dtype {
+        DType::F16 => run::<f16>(alpha, &lp, min),
+        DType::F32 => run::<f32>(alpha, &lp, min),
+        _ => run::<f64>(alpha, &lp, min),
+    }
+    Ok(())
+}
+
 /// Whether [`binary_contiguous`] serves `op` on `dtype`: the result keeps the dtype and no
 /// value check is left (integer `div` changes dtype, integer `pow` checks its exponents).
 pub fn binary_lane_accepts(op: BinaryOp, dtype: DType) -> bool {

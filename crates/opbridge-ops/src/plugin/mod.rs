@@ -62,6 +62,10 @@ impl Handle {
     }
 }
 
+/// Per-call lists (attribute values, metas, DLTensors, extents): inline for the usual sizes, so
+/// a plugin call allocates no more than a built-in one.
+type Inline<T, const N: usize> = smallvec::SmallVec<[T; N]>;
+
 fn plugin_error(path: &Path, message: impl Into<String>) -> OpError {
     OpError::Plugin { path: path.display().to_string(), message: message.into() }
 }
@@ -284,9 +288,9 @@ impl PluginOp {
     }
 
     /// The call's attribute values in the C layout, in descriptor order.
-    fn c_attrs(&self, attrs: &Attrs) -> Result<Vec<sys::OpbAttrValue>> {
+    fn c_attrs(&self, attrs: &Attrs) -> Result<Inline<sys::OpbAttrValue, 8>> {
         let specs = &self.spec.schema.attrs;
-        let mut values = Vec::with_capacity(specs.len());
+        let mut values = Inline::new();
         for (spec, &kind) in specs.iter().zip(&self.spec.attr_kinds) {
             let mut value = sys::OpbAttrValue { kind, ..Default::default() };
             match kind {
@@ -303,7 +307,7 @@ impl PluginOp {
         sys::OpbAttrs { count: values.len(), values: values.as_ptr(), names: self.names.0.as_ptr() }
     }
 
-    fn metas(&self, inputs: &[Option<Meta>]) -> Result<Vec<sys::OpbMeta>> {
+    fn metas(&self, inputs: &[Option<Meta>]) -> Result<Inline<sys::OpbMeta, 4>> {
         let schema = &self.spec.schema;
         if inputs.len() != schema.inputs.len() {
             return Err(OpError::Kernel {
@@ -311,7 +315,7 @@ impl PluginOp {
                 message: format!("takes {} inputs, got {}", schema.inputs.len(), inputs.len()),
             });
         }
-        let mut metas = Vec::with_capacity(inputs.len());
+        let mut metas = Inline::new();
         for (spec, input) in schema.inputs.iter().zip(inputs) {
             let Some(input) = input else {
                 return Err(OpError::Argument {
@@ -364,7 +368,7 @@ impl Operator for PluginOp {
         let values = self.c_attrs(attrs)?;
         let c_attrs = self.attrs_struct(&values);
         let n_out = self.spec.schema.outputs.len();
-        let mut outputs = vec![sys::OpbMeta::default(); n_out];
+        let mut outputs: Inline<sys::OpbMeta, 2> = smallvec::smallvec![sys::OpbMeta::default(); n_out];
         let mut err = [0u8; result::ERR_LEN];
         let status = {
             let _open = self.handle.live(&self.spec.schema)?;
@@ -411,7 +415,7 @@ impl Operator for PluginOp {
     fn run_cpu(&self, inputs: &[Option<TensorView>], outputs: &[TensorView], attrs: &Attrs) -> Result<()> {
         let values = self.c_attrs(attrs)?;
         let c_attrs = self.attrs_struct(&values);
-        let views: Vec<&TensorView> = inputs
+        let views: Inline<&TensorView, 4> = inputs
             .iter()
             .map(|v| {
                 v.as_ref().ok_or_else(|| OpError::Kernel { op: self.name().into(), message: "missing input".into() })
@@ -419,7 +423,7 @@ impl Operator for PluginOp {
             .collect::<Result<_>>()?;
         // Shapes and strides of all tensors in one buffer, then DLTensors pointing into it.
         let dims: usize = views.iter().map(|v| v.ndim()).chain(outputs.iter().map(TensorView::ndim)).sum();
-        let mut extents: Vec<i64> = Vec::with_capacity(2 * dims);
+        let mut extents: Inline<i64, 64> = Inline::with_capacity(2 * dims);
         for v in views.iter().copied().chain(outputs) {
             extents.extend(v.shape.iter().map(|&s| s as i64));
             extents.extend(v.strides.iter().map(|&s| s as i64));
@@ -441,15 +445,15 @@ impl Operator for PluginOp {
                 byte_offset: 0,
             }
         };
-        let c_inputs: Vec<sys::DLTensor> = views.iter().map(|v| dl(v)).collect();
-        let mut c_outputs: Vec<sys::DLTensor> = outputs.iter().map(dl).collect();
+        let c_inputs: Inline<sys::DLTensor, 4> = views.iter().map(|v| dl(v)).collect();
+        let mut c_outputs: Inline<sys::DLTensor, 2> = outputs.iter().map(dl).collect();
         let mut err = [0u8; result::ERR_LEN];
 
         let _open = self.handle.live(&self.spec.schema)?;
         let workspace = match self.spec.workspace {
             None => Workspace::none(),
             Some(size_fn) => {
-                let metas: Vec<sys::OpbMeta> = views
+                let metas: Inline<sys::OpbMeta, 4> = views
                     .iter()
                     .zip(&self.spec.schema.inputs)
                     .map(|(v, spec)| meta_to_c(self.name(), &spec.name, v.dtype, &v.shape))
