@@ -236,3 +236,28 @@ def test_fast_lane_leaves_odd_calls_to_the_generic_path(rng):
         ob.ops.add(a.reshape(8, 8), b.reshape(8, 8), out=f)
     np.testing.assert_array_equal(ob.ops.add(a.astype(">f8"), b), a + b)
     np.testing.assert_array_equal(ob.ops.add(a.astype(np.float32), b), a.astype(np.float32) + b)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("shapes", SHAPES)
+def test_axpy_matches_numpy(dtype, shapes, rng):
+    x = sample(rng, shapes[0], dtype)
+    y = sample(rng, shapes[1], dtype)
+    want = (np.float64(-1.5) * x.astype(np.float64) + y.astype(np.float64)).astype(dtype)
+    check_close(ob.ops.axpy(x, y, alpha=-1.5), want, dtype)
+    check_close(ob.ops.axpy(x, y), (x.astype(np.float64) + y).astype(dtype), dtype)
+
+
+def test_axpy_in_place_strided_and_errors(rng):
+    x = rng.random((6, 8))
+    y = rng.random((6, 8))
+    want = 2 * x + y
+    assert ob.ops.axpy(x, y, alpha=2, out=y) is y
+    np.testing.assert_allclose(y, want, rtol=1e-15)
+    np.testing.assert_allclose(ob.ops.axpy(x[::2, ::-3], x.T[1::3, ::2].T, alpha=0.5), 0.5 * x[::2, ::-3] + x.T[1::3, ::2].T)
+    with pytest.raises(ob.DTypeError, match="axpy"):
+        ob.ops.axpy(np.ones(3, np.int32), np.ones(3, np.int32))
+    with pytest.raises(ob.ShapeError, match="axpy"):
+        ob.ops.axpy(np.ones(3), np.ones(4))
+    with pytest.raises(ob.ArgumentError, match="alpha"):
+        ob.ops.axpy(np.ones(3), np.ones(3), alpha="two")
