@@ -261,3 +261,26 @@ def test_axpy_in_place_strided_and_errors(rng):
         ob.ops.axpy(np.ones(3), np.ones(4))
     with pytest.raises(ob.ArgumentError, match="alpha"):
         ob.ops.axpy(np.ones(3), np.ones(3), alpha="two")
+
+
+@pytest.mark.parametrize("name", sorted(UNARY) + ["gelu"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [0, 1, 33, 200_000])
+def test_unary_fast_lane_matches_the_generic_path(name, dtype, n, rng):
+    if name == "gelu" and dtype not in FLOATS:
+        pytest.skip("gelu takes float dtypes")
+    x = sample(rng, (n,), dtype, positive=name in ("log", "sqrt"))
+    op = getattr(ob.ops, name)
+    lane = op(x)
+    generic = op(np.repeat(x, 2)[::2])
+    assert lane.dtype == generic.dtype
+    # Contiguous runs may use fused multiply-adds where strided ones do not: within an ulp or two.
+    rtol = RTOL.get(lane.dtype.type, 0)
+    np.testing.assert_allclose(lane.astype(np.float64), generic.astype(np.float64), rtol=rtol, atol=rtol)
+    if name in UNARY:
+        want = np.asarray(UNARY[name](x)).astype(np.float64)
+        np.testing.assert_allclose(lane.astype(np.float64), want, rtol=rtol, atol=rtol)
+    y = x.copy()
+    if lane.dtype == x.dtype:
+        assert op(y, out=y) is y
+        np.testing.assert_array_equal(y, lane)

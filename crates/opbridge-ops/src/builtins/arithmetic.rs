@@ -11,7 +11,7 @@ use crate::kernels::binary::{
 };
 use crate::kernels::broadcast::broadcast_shapes;
 use crate::kernels::cast::cast_view;
-use crate::kernels::unary::{unary, unary_result_dtype, UnaryOp};
+use crate::kernels::unary::{unary, unary_contiguous, unary_lane_accepts, unary_result_dtype, UnaryOp};
 use crate::registry::{OpBuilder, OpDef};
 use crate::schema::{AttrValue, Meta};
 use crate::view::TensorView;
@@ -148,7 +148,17 @@ fn unary_op(op: UnaryOp) -> Result<OpDef> {
             unsafe { unary(op, inputs[0].as_ref().expect("x"), &outputs[0]) }.map_err(kernel(name))
         })
         .in_place_ok()
+        .lane(
+            move |dtype| unary_lane_accepts(op, dtype),
+            move |dtype, inputs, out, len| unary_lane(op, dtype, inputs, out, len),
+        )
         .build()
+}
+
+fn unary_lane(op: UnaryOp, dtype: DType, inputs: &[usize], out: usize, len: usize) -> Result<()> {
+    // SAFETY: the lane's contract (see `Lane::run`), which is `unary_contiguous`'s.
+    unsafe { unary_contiguous(op, dtype, inputs[0], out, len) };
+    Ok(())
 }
 
 fn gelu_form(approximate: &str) -> Result<UnaryOp> {
@@ -180,6 +190,11 @@ fn gelu() -> Result<OpDef> {
             unsafe { unary(op, inputs[0].as_ref().expect("x"), &outputs[0]) }.map_err(kernel("gelu"))
         })
         .in_place_ok()
+        // The lane serves calls without attributes: the default, erf form.
+        .lane(
+            |dtype| unary_lane_accepts(UnaryOp::GeluErf, dtype),
+            |dtype, inputs, out, len| unary_lane(UnaryOp::GeluErf, dtype, inputs, out, len),
+        )
         .build()
 }
 

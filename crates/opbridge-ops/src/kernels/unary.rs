@@ -47,16 +47,47 @@ pub(crate) trait Real:
     fn c(v: f64) -> Self;
     fn is_nan(self) -> bool;
     fn abs(self) -> Self;
-    fn exp(self) -> Self;
     fn ln(self) -> Self;
     fn sqrt(self) -> Self;
-    fn tanh(self) -> Self;
     fn erfc(self) -> Self;
     fn powf(self, e: Self) -> Self;
+    /// `self * a + b` rounded once (a libm call per element where FMA is not enabled).
+    fn mul_add(self, a: Self, b: Self) -> Self;
+    /// `e^x` with `a * b + c` evaluated as `M` says (vectorizable in both cases).
+    fn exp_with<M: Mla>(self) -> Self;
+    fn tanh_with<M: Mla>(self) -> Self;
+}
+
+/// How a kernel evaluates `a * b + c`: [`Fused`] in loops compiled with FMA, [`Plain`]
+/// everywhere else (without the target feature `mul_add` is a libm call per element).
+pub(crate) trait Mla: Copy {
+    fn mla<R: Real>(a: R, b: R, c: R) -> R;
+}
+
+/// `a * b + c` with two roundings.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Plain;
+
+/// `a * b + c` with one rounding (FMA).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Fused;
+
+impl Mla for Plain {
+    #[inline(always)]
+    fn mla<R: Real>(a: R, b: R, c: R) -> R {
+        a * b + c
+    }
+}
+
+impl Mla for Fused {
+    #[inline(always)]
+    fn mla<R: Real>(a: R, b: R, c: R) -> R {
+        a.mul_add(b, c)
+    }
 }
 
 macro_rules! real {
-    ($t:ty, $erfc:path, $exp:path, $tanh:path) => {
+    ($t:ty, $erfc:path, $exp:ident, $tanh:ident) => {
         impl Real for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
@@ -74,20 +105,12 @@ macro_rules! real {
                 <$t>::abs(self)
             }
             #[inline(always)]
-            fn exp(self) -> Self {
-                $exp(self)
-            }
-            #[inline(always)]
             fn ln(self) -> Self {
                 <$t>::ln(self)
             }
             #[inline(always)]
             fn sqrt(self) -> Self {
                 <$t>::sqrt(self)
-            }
-            #[inline(always)]
-            fn tanh(self) -> Self {
-                $tanh(self)
             }
             #[inline(always)]
             fn erfc(self) -> Self {
@@ -97,11 +120,23 @@ macro_rules! real {
             fn powf(self, e: Self) -> Self {
                 <$t>::powf(self, e)
             }
+            #[inline(always)]
+            fn mul_add(self, a: Self, b: Self) -> Self {
+                <$t>::mul_add(self, a, b)
+            }
+            #[inline(always)]
+            fn exp_with<M: Mla>(self) -> Self {
+                $exp::<M>(self)
+            }
+            #[inline(always)]
+            fn tanh_with<M: Mla>(self) -> Self {
+                $tanh::<M>(self)
+            }
         }
     };
 }
-real!(f32, libm::erfcf, exp_f32, tanh_f32);
-real!(f64, libm::erfc, f64::exp, f64::tanh);
+real!(f32, libm::erfcf, exp_f32_with, tanh_f32_with);
+real!(f64, libm::erfc, exp_f64_with, tanh_f64_with);
 
 /// `e^x` in float32 without branches or libm calls, so loops over it vectorize (libm's `expf`
 /// is a call per element): Cephes' polynomial after the Cody-Waite reduction `x = n ln 2 + r`,
@@ -109,26 +144,17 @@ real!(f64, libm::erfc, f64::exp, f64::tanh);
 /// are right too; overflow gives inf, NaN stays NaN.
 #[inline(always)]
 pub(crate) fn exp_f32(x: f32) -> f32 {
+    exp_f32_with::<Plain>(x)
+}
+
+#[inline(always)]
+fn exp_f32_with<M: Mla>(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    // 1.5 * 2^23: adding and subtracting it rounds to the nearest integer.
-    const ROUND: f32 = 12_582_912.0;
-    // Below this the result is 0 even as a subnormal; above HI it is inf.
+    // Below LO the result is 0 even as a subnormal; above HI it is inf.
     const LO: f32 = -104.0;
     const HI: f32 = 88.722_84;
     let xc = x.clamp(LO, HI);
-    let t = xc * LOG2E + ROUND;
-    let n = t - ROUND;
-    let ni = (t.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
-    let r = xc - n * LN2_HI - n * LN2_LO;
-    let mut p = 1.987_569_2e-4f32;
-    p = p * r + 1.398_2e-3;
-    p = p * r + 8.333_452e-3;
-    p = p * r + 4.166_579_6e-2;
-    p = p * r + 0.166_666_65;
-    p = p * r + 0.5;
-    let e = p * (r * r) + r + 1.0;
+    let (e, ni) = exp_f32_reduced::<M>(xc * LOG2E, xc);
     // 2^n as two normal factors (n in [-150, 128]).
     let half = ni >> 1;
     let s1 = f32::from_bits(((half + 127) as u32) << 23);
@@ -143,22 +169,106 @@ pub(crate) fn exp_f32(x: f32) -> f32 {
     }
 }
 
-/// `tanh` in float32, branch-free so it vectorizes: Cephes' `tanhf` (an odd polynomial below
-/// |x| = 0.625, `1 - 2 / (e^2|x| + 1)` above), about 2 ulp.
+/// `(e^r, n)` with `x = n ln 2 + r`, `n = round(x_log2e)` (`x_log2e` is `x log2 e`, finite).
 #[inline(always)]
-fn tanh_f32(x: f32) -> f32 {
+fn exp_f32_reduced<M: Mla>(x_log2e: f32, x: f32) -> (f32, i32) {
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    // 1.5 * 2^23: adding and subtracting it rounds to the nearest integer.
+    const ROUND: f32 = 12_582_912.0;
+    let t = x_log2e + ROUND;
+    let n = t - ROUND;
+    let ni = (t.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
+    let r = M::mla(n, -LN2_LO, M::mla(n, -LN2_HI, x));
+    let mut p = 1.987_569_2e-4f32;
+    p = M::mla(p, r, 1.398_2e-3);
+    p = M::mla(p, r, 8.333_452e-3);
+    p = M::mla(p, r, 4.166_579_6e-2);
+    p = M::mla(p, r, 0.166_666_65);
+    p = M::mla(p, r, 0.5);
+    (M::mla(p, r * r, r) + 1.0, ni)
+}
+
+/// `tanh` in float32, branch-free so it vectorizes: Cephes' `tanhf` (an odd polynomial below
+/// |x| = 0.625, `1 - 2 / (e^2|x| + 1)` above), about 1 ulp. Past |x| = 9.1 tanh rounds to ±1,
+/// so `e^2|x|` needs neither the overflow nor the subnormal handling of [`exp_f32`].
+#[inline(always)]
+fn tanh_f32_with<M: Mla>(x: f32) -> f32 {
     let a = x.abs();
     let z = x * x;
-    let small =
-        ((((-5.704_988_7e-3 * z + 2.063_909e-2) * z - 5.373_971_6e-2) * z + 1.333_144_2e-1) * z - 3.333_328e-1) * z * x
-            + x;
-    let big = 1.0 - 2.0 / (exp_f32(2.0 * a) + 1.0);
-    let big = if x < 0.0 { -big } else { big };
-    if a > 0.625 {
-        big
+    let mut p = -5.704_988_7e-3f32;
+    p = M::mla(p, z, 2.063_909e-2);
+    p = M::mla(p, z, -5.373_971_6e-2);
+    p = M::mla(p, z, 1.333_144_2e-1);
+    p = M::mla(p, z, -3.333_328e-1);
+    let small = M::mla(p * z, x, x);
+    // NaN passes the clamp (the comparison is false) and comes out of `small`.
+    let y = 2.0 * if a > 9.1 { 9.1 } else { a };
+    let (e, ni) = exp_f32_reduced::<M>(y * std::f32::consts::LOG2_E, y);
+    let e = e * f32::from_bits(((ni + 127) as u32) << 23);
+    let big = 1.0 - 2.0 / (e + 1.0);
+    // tanh keeps the sign of x; copysign also keeps that of -0 (`x + x z p` would give +0).
+    (if a > 0.625 { big } else { small }).copysign(x)
+}
+
+/// `e^x` in float64, branch-free so loops vectorize: SLEEF's degree-11 polynomial after the
+/// Cody-Waite reduction, about 1 ulp; subnormal results, overflow, `-inf` and NaN as
+/// [`exp_f32`].
+#[inline(always)]
+fn exp_f64_with<M: Mla>(x: f64) -> f64 {
+    const LOG2E: f64 = std::f64::consts::LOG2_E;
+    // ln 2 split so that `n * LN2_HI` is exact for |n| < 2^11.
+    const LN2_HI: f64 = 0.693_147_180_559_662_956_511_601_805_686_950_683_593_75;
+    const LN2_LO: f64 = 0.282_352_905_630_315_771_225_884_481_750_134_360_255_254_120_68e-12;
+    // 1.5 * 2^52: adding and subtracting it rounds to the nearest integer.
+    const ROUND: f64 = 6_755_399_441_055_744.0;
+    // Below LO the result is 0 even as a subnormal (e^-745.2 < 2^-1075); above HI it is inf.
+    const LO: f64 = -746.0;
+    const HI: f64 = 709.782_712_893_384;
+    let xc = x.clamp(LO, HI);
+    let t = xc * LOG2E + ROUND;
+    let n = t - ROUND;
+    let ni = (t.to_bits() as i64).wrapping_sub(ROUND.to_bits() as i64);
+    let r = M::mla(n, -LN2_LO, M::mla(n, -LN2_HI, xc));
+    let mut u = 2.088_606_211_072_837e-9;
+    u = M::mla(u, r, 2.511_129_308_928_765_2e-8);
+    u = M::mla(u, r, 2.755_739_112_349_004_7e-7);
+    u = M::mla(u, r, 2.755_723_629_119_288_3e-6);
+    u = M::mla(u, r, 2.480_158_715_923_547_3e-5);
+    u = M::mla(u, r, 1.984_126_989_605_092e-4);
+    u = M::mla(u, r, 1.388_888_888_897_745e-3);
+    u = M::mla(u, r, 8.333_333_333_316_527e-3);
+    u = M::mla(u, r, 4.166_666_666_666_650_5e-2);
+    u = M::mla(u, r, 0.166_666_666_666_666_85);
+    u = M::mla(u, r, 0.5);
+    let e = M::mla(r * r, u, r) + 1.0;
+    // 2^n (n in [-1077, 1024]) as two normal factors; n is halved with the rounding trick
+    // because AVX2 has no 64-bit arithmetic shift.
+    let half = ((n * 0.5 + ROUND).to_bits() as i64).wrapping_sub(ROUND.to_bits() as i64);
+    let s1 = f64::from_bits(((half + 1023) as u64) << 52);
+    let s2 = f64::from_bits(((ni - half + 1023) as u64) << 52);
+    let y = e * s1 * s2;
+    let y = if x > HI { f64::INFINITY } else { y };
+    let y = if x < LO { 0.0 } else { y };
+    if x.is_nan() {
+        x
     } else {
-        small
+        y
     }
+}
+
+/// `tanh` in float64, branch-free: Cephes' `tanh` (a rational function below |x| = 0.625,
+/// `1 - 2 / (e^2|x| + 1)` above, where `e^2|x| = inf` gives exactly ±1), about 1 ulp.
+#[inline(always)]
+fn tanh_f64_with<M: Mla>(x: f64) -> f64 {
+    let a = x.abs();
+    let z = x * x;
+    let p = M::mla(M::mla(-9.643_991_794_250_523e-1, z, -9.928_772_310_019_185e1), z, -1.614_687_684_417_084_5e3);
+    let q = M::mla(M::mla(z + 1.128_116_784_916_329_3e2, z, 2.235_488_390_601_004_5e3), z, 4.844_063_053_251_255e3);
+    let small = M::mla(x * z, p / q, x);
+    let big = 1.0 - 2.0 / (exp_f64_with::<M>(2.0 * a) + 1.0);
+    // As in `tanh_f32_with`: the sign of x, -0 included.
+    (if a > 0.625 { big } else { small }).copysign(x)
 }
 
 /// A float element: widened to its compute type, rounded back once.
@@ -166,6 +276,12 @@ pub(crate) trait FloatElement: Element {
     type R: Real;
     fn up(self) -> Self::R;
     fn down(r: Self::R) -> Self;
+    /// `out[i] = down(f(up(x[i])))` for `i < len`, in loops the compiler vectorizes.
+    ///
+    /// # Safety
+    /// `x` and `out` are aligned addresses of `len` elements, readable and writable
+    /// respectively, touched by nothing else during the call; `out` is `x` or disjoint from it.
+    unsafe fn map_contiguous(x: *const Self, out: *mut Self, len: usize, f: impl Fn(Self::R) -> Self::R);
 }
 
 impl FloatElement for f16 {
@@ -177,6 +293,27 @@ impl FloatElement for f16 {
     #[inline(always)]
     fn down(r: f32) -> f16 {
         f16::from_f32(r)
+    }
+    /// Through a float32 buffer on the stack, converted with F16C where the CPU has it: computed
+    /// in float32 and rounded once, as one element at a time.
+    #[inline(always)]
+    unsafe fn map_contiguous(x: *const f16, out: *mut f16, len: usize, f: impl Fn(f32) -> f32) {
+        use half::slice::HalfFloatSliceExt;
+        const CHUNK: usize = 256;
+        let mut buf = [0f32; CHUNK];
+        let mut start = 0;
+        while start < len {
+            let buf = &mut buf[..CHUNK.min(len - start)];
+            // SAFETY: inside the run (caller's contract); when `out` is `x`, the shared slice
+            // is gone before the mutable one over the same elements is made.
+            unsafe { std::slice::from_raw_parts(x.add(start), buf.len()) }.convert_to_f32_slice(buf);
+            for v in buf.iter_mut() {
+                *v = f(*v);
+            }
+            // SAFETY: as above.
+            unsafe { std::slice::from_raw_parts_mut(out.add(start), buf.len()) }.convert_from_f32_slice(buf);
+            start += buf.len();
+        }
     }
 }
 
@@ -191,6 +328,23 @@ macro_rules! float_element {
             #[inline(always)]
             fn down(r: $t) -> $t {
                 r
+            }
+            #[inline(always)]
+            unsafe fn map_contiguous(x: *const $t, out: *mut $t, len: usize, f: impl Fn($t) -> $t) {
+                if std::ptr::eq(x, out) {
+                    // SAFETY: the caller's contract; one slice over the aliased run.
+                    for v in unsafe { std::slice::from_raw_parts_mut(out, len) } {
+                        *v = f(*v);
+                    }
+                } else {
+                    // SAFETY: the caller's contract; disjoint runs.
+                    let xs = unsafe { std::slice::from_raw_parts(x, len) };
+                    // SAFETY: as above.
+                    let os = unsafe { std::slice::from_raw_parts_mut(out, len) };
+                    for (o, &v) in os.iter_mut().zip(xs) {
+                        *o = f(v);
+                    }
+                }
             }
         }
     };
@@ -344,8 +498,8 @@ pub fn unary_result_dtype(op: UnaryOp, dtype: DType) -> DType {
 
 /// Stable logistic function: `exp` only ever sees `-|x|`, so it never overflows.
 #[inline(always)]
-fn sigmoid<R: Real>(x: R) -> R {
-    let e = (-x.abs()).exp();
+fn sigmoid<R: Real, M: Mla>(x: R) -> R {
+    let e = (-x.abs()).exp_with::<M>();
     let r = R::ONE / (R::ONE + e);
     if x >= R::ZERO {
         r
@@ -360,10 +514,10 @@ fn gelu_erf<R: Real>(x: R) -> R {
 }
 
 #[inline(always)]
-fn gelu_tanh<R: Real>(x: R) -> R {
+fn gelu_tanh<R: Real, M: Mla>(x: R) -> R {
     // 0.5 (1 + tanh z) == sigmoid(2 z); 2 sqrt(2/pi) folded into one constant.
     let k = R::c(2.0 * (2.0 / std::f64::consts::PI).sqrt());
-    x * sigmoid(k * (x + R::c(0.044715) * x * x * x))
+    x * sigmoid::<R, M>(k * (x + R::c(0.044715) * x * x * x))
 }
 
 /// `out = op(x)`, elementwise over any strides.
@@ -399,6 +553,31 @@ pub unsafe fn unary(op: UnaryOp, x: &TensorView, out: &TensorView) -> Result<(),
     Ok(())
 }
 
+/// Whether [`unary_contiguous`] serves `op` on `dtype` (the result keeps the dtype).
+pub fn unary_lane_accepts(op: UnaryOp, dtype: DType) -> bool {
+    dtype.is_float() || op.keeps_int_dtype()
+}
+
+/// `out = op(x)` over `len` C-contiguous elements of `dtype`: the elementwise fast lane, with
+/// no views to analyze. Only for dtypes [`unary_lane_accepts`].
+///
+/// # Safety
+/// `x` is readable and `out` writable for `len` aligned elements of `dtype`, nothing else
+/// writes them during the call, and `out` is either disjoint from `x` or equal to it.
+pub unsafe fn unary_contiguous(op: UnaryOp, dtype: DType, x: usize, out: usize, len: usize) {
+    debug_assert!(unary_lane_accepts(op, dtype));
+    let lp = StridedLoop::flat([out, x], [dtype.size(); 2], len);
+    let min = op.parallel_min();
+    // The loop is one contiguous run split into chunks: `unary`'s contract for `run_float`.
+    match dtype {
+        DType::F16 => run_float::<f16>(op, &lp, min),
+        DType::F32 => run_float::<f32>(op, &lp, min),
+        DType::F64 => run_float::<f64>(op, &lp, min),
+        DType::I32 => run_int::<i32>(op, &lp, min).expect("the lane takes int dtypes only for int kernels"),
+        DType::I64 => run_int::<i64>(op, &lp, min).expect("the lane takes int dtypes only for int kernels"),
+    }
+}
+
 /// Runs `f` over every run of `lp` (`[out, x]`).
 fn run_map<T: Element>(lp: &StridedLoop<2>, min: usize, f: impl Fn(T) -> T + Copy + Sync) {
     // SAFETY: `lp` was built over `[out, x]` under `unary`'s contract (see there).
@@ -406,30 +585,110 @@ fn run_map<T: Element>(lp: &StridedLoop<2>, min: usize, f: impl Fn(T) -> T + Cop
 }
 
 fn run_float<T: FloatElement>(op: UnaryOp, lp: &StridedLoop<2>, min: usize) {
-    let zero = T::down(<T::R as Real>::ZERO);
+    // SAFETY: `lp` was built over `[out, x]` under `unary`'s contract: runs stay inside the
+    // views and are disjoint in `out`, and `out` is disjoint from `x` or exactly `x` (so a run
+    // with both strides 1 is one or the other).
+    lp.run(min, |p, s, len| unsafe {
+        if s == [1, 1] {
+            float_contiguous::<T>(op, p[1] as *const T, p[0] as *mut T, len);
+        } else {
+            with_float_op::<T::R, Plain>(op, Strided::<T> { p, s, len, _t: std::marker::PhantomData });
+        }
+    });
+}
+
+/// Takes an op as a closure over its compute type (see [`with_float_op`]).
+trait FloatOpSink<R> {
+    fn run(self, f: impl Fn(R) -> R + Copy);
+}
+
+/// Hands `sink` the closure of `op`, with `a * b + c` evaluated as `M` says.
+#[inline(always)]
+fn with_float_op<R: Real, M: Mla>(op: UnaryOp, sink: impl FloatOpSink<R>) {
     match op {
-        UnaryOp::Neg => run_map(lp, min, |x: T| T::down(-x.up())),
-        UnaryOp::Abs => run_map(lp, min, |x: T| T::down(x.up().abs())),
-        UnaryOp::Exp => run_map(lp, min, |x: T| T::down(x.up().exp())),
-        UnaryOp::Log => run_map(lp, min, |x: T| T::down(x.up().ln())),
-        UnaryOp::Sqrt => run_map(lp, min, |x: T| T::down(x.up().sqrt())),
-        UnaryOp::Relu => run_map(lp, min, move |x: T| {
-            let v = x.up();
-            if v.is_nan() || v >= <T::R as Real>::ZERO {
-                x
-            } else {
-                zero
-            }
-        }),
-        UnaryOp::Sigmoid => run_map(lp, min, |x: T| T::down(sigmoid(x.up()))),
-        UnaryOp::Tanh => run_map(lp, min, |x: T| T::down(x.up().tanh())),
-        UnaryOp::GeluErf => run_map(lp, min, |x: T| T::down(gelu_erf(x.up()))),
-        UnaryOp::GeluTanh => run_map(lp, min, |x: T| T::down(gelu_tanh(x.up()))),
-        UnaryOp::Silu => run_map(lp, min, |x: T| {
-            let v = x.up();
-            T::down(v * sigmoid(v))
-        }),
+        UnaryOp::Neg => sink.run(|x: R| -x),
+        UnaryOp::Abs => sink.run(|x: R| x.abs()),
+        UnaryOp::Exp => sink.run(|x: R| x.exp_with::<M>()),
+        UnaryOp::Log => sink.run(|x: R| x.ln()),
+        UnaryOp::Sqrt => sink.run(|x: R| x.sqrt()),
+        UnaryOp::Relu => sink.run(|x: R| if x.is_nan() || x >= R::ZERO { x } else { R::ZERO }),
+        UnaryOp::Sigmoid => sink.run(sigmoid::<R, M>),
+        UnaryOp::Tanh => sink.run(|x: R| x.tanh_with::<M>()),
+        UnaryOp::GeluErf => sink.run(gelu_erf::<R>),
+        UnaryOp::GeluTanh => sink.run(gelu_tanh::<R, M>),
+        UnaryOp::Silu => sink.run(|x: R| x * sigmoid::<R, M>(x)),
     }
+}
+
+/// One contiguous run; built only by [`float_contiguous`], under its contract.
+struct Contiguous<T> {
+    x: *const T,
+    out: *mut T,
+    len: usize,
+}
+
+impl<T: FloatElement> FloatOpSink<T::R> for Contiguous<T> {
+    #[inline(always)]
+    fn run(self, f: impl Fn(T::R) -> T::R + Copy) {
+        // SAFETY: `float_contiguous`'s contract, which its caller upholds.
+        unsafe { T::map_contiguous(self.x, self.out, self.len, f) }
+    }
+}
+
+/// One strided run of `lp`; built only by `run_float`, under `unary`'s contract.
+struct Strided<T> {
+    p: [usize; 2],
+    s: [isize; 2],
+    len: usize,
+    _t: std::marker::PhantomData<T>,
+}
+
+impl<T: FloatElement> FloatOpSink<T::R> for Strided<T> {
+    fn run(self, f: impl Fn(T::R) -> T::R + Copy) {
+        // SAFETY: a run of `unary`'s loop (see `run_float`).
+        unsafe { broadcast::unary_run::<T>(self.p, self.s, self.len, |x: T| T::down(f(x.up()))) }
+    }
+}
+
+/// `out = op(x)` over one contiguous run, compiled for the best the CPU has: AVX-512 or AVX2
+/// with FMA (fused polynomials), AVX2, or the x86-64 baseline.
+///
+/// # Safety
+/// As for [`FloatElement::map_contiguous`].
+unsafe fn float_contiguous<T: FloatElement>(op: UnaryOp, x: *const T, out: *mut T, len: usize) {
+    #[inline(always)]
+    fn body<T: FloatElement, M: Mla>(op: UnaryOp, x: *const T, out: *mut T, len: usize) {
+        with_float_op::<T::R, M>(op, Contiguous { x, out, len });
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")]
+        fn avx512<T: FloatElement>(op: UnaryOp, x: *const T, out: *mut T, len: usize) {
+            body::<T, Fused>(op, x, out, len)
+        }
+        #[target_feature(enable = "avx2,fma")]
+        fn avx2_fma<T: FloatElement>(op: UnaryOp, x: *const T, out: *mut T, len: usize) {
+            body::<T, Fused>(op, x, out, len)
+        }
+        #[target_feature(enable = "avx2")]
+        fn avx2<T: FloatElement>(op: UnaryOp, x: *const T, out: *mut T, len: usize) {
+            body::<T, Plain>(op, x, out, len)
+        }
+        use std::arch::is_x86_feature_detected as has;
+        if has!("avx512f") && has!("avx512vl") && has!("avx512bw") && has!("avx512dq") && has!("fma") {
+            // SAFETY: the CPU has these features (checked just above).
+            return unsafe { avx512(op, x, out, len) };
+        }
+        if has!("avx2") && has!("fma") {
+            // SAFETY: as above.
+            return unsafe { avx2_fma(op, x, out, len) };
+        }
+        if has!("avx2") {
+            // SAFETY: as above.
+            return unsafe { avx2(op, x, out, len) };
+        }
+    }
+    body::<T, Plain>(op, x, out, len)
 }
 
 fn run_int<T: IntElement>(op: UnaryOp, lp: &StridedLoop<2>, min: usize) -> Result<(), String> {
@@ -452,6 +711,12 @@ fn run_int<T: IntElement>(op: UnaryOp, lp: &StridedLoop<2>, min: usize) -> Resul
 mod tests {
     #[test]
     fn vectorizable_exp_and_tanh_f32_stay_within_a_few_ulp() {
+        exp_and_tanh_f32_within_a_few_ulp::<super::Plain>();
+        exp_and_tanh_f32_within_a_few_ulp::<super::Fused>();
+    }
+
+    fn exp_and_tanh_f32_within_a_few_ulp<M: super::Mla>() {
+        let (exp, tanh) = (super::exp_f32_with::<M>, super::tanh_f32_with::<M>);
         let ulps = |got: f32, want: f64| {
             let want32 = want as f32;
             if want32 == got || (want32.is_nan() && got.is_nan()) {
@@ -461,7 +726,7 @@ mod tests {
         };
         let mut x = -110.0f32;
         while x < 95.0 {
-            let e = super::exp_f32(x);
+            let e = exp(x);
             let want = (x as f64).exp();
             if want >= f32::MIN_POSITIVE as f64 && want <= f32::MAX as f64 {
                 assert!(ulps(e, want) <= 2.0, "exp({x}) = {e}, want {want}");
@@ -470,17 +735,85 @@ mod tests {
             } else {
                 assert!((e as f64 - want).abs() <= 2.0 * 1.4e-45, "exp({x}) = {e}, want {want} (subnormal)");
             }
-            let t = super::tanh_f32(x);
-            assert!(ulps(t, (x as f64).tanh()) <= 3.0, "tanh({x}) = {t}, want {}", (x as f64).tanh());
+            let t = tanh(x);
+            assert!(ulps(t, (x as f64).tanh()) <= 2.0, "tanh({x}) = {t}, want {}", (x as f64).tanh());
             x += 0.001_37;
         }
-        for tiny in [1e-30f32, -1e-8, 3e-4] {
-            assert!(ulps(super::tanh_f32(tiny), (tiny as f64).tanh()) <= 1.0);
+        for tiny in [1e-30f32, -1e-8, 3e-4, f32::MIN_POSITIVE, 1e-45] {
+            assert!(ulps(tanh(tiny), (tiny as f64).tanh()) <= 1.0);
         }
-        assert!(super::exp_f32(f32::NAN).is_nan() && super::tanh_f32(f32::NAN).is_nan());
-        assert_eq!(super::tanh_f32(f32::INFINITY), 1.0);
-        assert_eq!(super::tanh_f32(f32::NEG_INFINITY), -1.0);
-        assert_eq!(super::exp_f32(f32::NEG_INFINITY), 0.0);
+        // Both sides of the switch between the polynomial and exp, and of the clamp at 9.1.
+        for v in [0.625f32, 9.1] {
+            for x in [v.next_down(), v, v.next_up()] {
+                assert!(ulps(tanh(x), (x as f64).tanh()) <= 2.0, "tanh({x})");
+            }
+        }
+        assert!(exp(f32::NAN).is_nan() && tanh(f32::NAN).is_nan());
+        assert_eq!((tanh(f32::INFINITY), tanh(f32::NEG_INFINITY)), (1.0, -1.0));
+        assert_eq!((tanh(1e30), tanh(-1e30)), (1.0, -1.0));
+        assert_eq!(tanh(-0.0).to_bits(), (-0.0f32).to_bits());
+        assert_eq!((exp(f32::NEG_INFINITY), exp(f32::INFINITY), exp(0.0)), (0.0, f32::INFINITY, 1.0));
+    }
+
+    /// Distance from `want` (exact enough: libm in float64) in units of the float64 spacing at
+    /// `want`; subnormal results count in units of the smallest subnormal.
+    fn ulps_f64(got: f64, want: f64) -> f64 {
+        if got == want || (got.is_nan() && want.is_nan()) {
+            return 0.0;
+        }
+        let spacing = |v: f64| {
+            let v = v.abs();
+            if v < f64::MIN_POSITIVE {
+                f64::from_bits(1)
+            } else {
+                f64::from_bits(v.to_bits() + 1) - v
+            }
+        };
+        (got - want).abs() / spacing(want)
+    }
+
+    #[test]
+    fn vectorizable_exp_and_tanh_f64_stay_within_a_few_ulp() {
+        exp_and_tanh_f64_within_a_few_ulp::<super::Plain>();
+        exp_and_tanh_f64_within_a_few_ulp::<super::Fused>();
+    }
+
+    fn exp_and_tanh_f64_within_a_few_ulp<M: super::Mla>() {
+        let (exp, tanh) = (super::exp_f64_with::<M>, super::tanh_f64_with::<M>);
+        // A sweep over the whole finite range of exp (subnormal results included) with an
+        // irrational step, then around every switch point and threshold.
+        let mut xs: Vec<f64> = (0..400_000).map(|i| -750.0 + i as f64 * 0.003_7 * std::f64::consts::SQRT_2).collect();
+        xs.extend((0..200_000).map(|i| -20.0 + i as f64 * 2e-4));
+        for v in [0.625, 1e-300, 5e-324, 2.2e-308, 0.5 * 709.78, 354.9, 709.782_712_893_384, 709.79, -708.39, -745.13] {
+            let mut x = v;
+            for _ in 0..4 {
+                xs.extend([x, -x]);
+                x = x.next_up();
+            }
+            x = v;
+            for _ in 0..4 {
+                x = x.next_down();
+                xs.extend([x, -x]);
+            }
+        }
+        for &x in &xs {
+            let (e, want) = (exp(x), x.exp());
+            assert!(ulps_f64(e, want) <= 1.5, "exp({x}) = {e:e}, want {want:e}");
+            let (t, want) = (tanh(x), x.tanh());
+            assert!(ulps_f64(t, want) <= 2.0, "tanh({x}) = {t:e}, want {want:e}");
+        }
+        for x in [0.0, -0.0] {
+            assert_eq!(exp(x), 1.0);
+            assert_eq!(tanh(x).to_bits(), x.to_bits());
+        }
+        assert!(exp(f64::NAN).is_nan() && tanh(f64::NAN).is_nan());
+        assert_eq!(
+            (exp(f64::INFINITY), exp(f64::NEG_INFINITY), exp(1e300), exp(-1e300)),
+            (f64::INFINITY, 0.0, f64::INFINITY, 0.0)
+        );
+        assert_eq!((tanh(f64::INFINITY), tanh(f64::NEG_INFINITY), tanh(1e300), tanh(-1e300)), (1.0, -1.0, 1.0, -1.0));
+        assert_eq!(exp(-745.2), 0.0);
+        assert_eq!(exp(-745.0), f64::from_bits(1)); // the smallest subnormal
     }
 
     use super::*;

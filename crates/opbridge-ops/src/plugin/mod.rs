@@ -392,24 +392,22 @@ impl Operator for PluginOp {
             op: self.name().into(),
             message: format!("the shape function returned an invalid output {i}: {what}"),
         };
-        outputs
-            .iter()
-            .enumerate()
-            .map(|(i, m)| {
-                let dtype = dtype_from_dl(m.dtype).ok_or_else(|| {
-                    bad(i, format!("dtype code {} bits {} lanes {}", m.dtype.code, m.dtype.bits, m.dtype.lanes))
-                })?;
-                let ndim = usize::try_from(m.ndim)
-                    .ok()
-                    .filter(|&n| n <= sys::OPB_MAX_NDIM)
-                    .ok_or_else(|| bad(i, format!("ndim {}", m.ndim)))?;
-                let shape = m.shape[..ndim]
-                    .iter()
-                    .map(|&d| usize::try_from(d).map_err(|_| bad(i, format!("shape {:?}", &m.shape[..ndim]))))
-                    .collect::<Result<crate::view::Dims>>()?;
-                Ok(Meta { dtype, shape })
-            })
-            .collect()
+        let mut metas = Vec::with_capacity(n_out);
+        for (i, m) in outputs.iter().enumerate() {
+            let dtype = dtype_from_dl(m.dtype).ok_or_else(|| {
+                bad(i, format!("dtype code {} bits {} lanes {}", m.dtype.code, m.dtype.bits, m.dtype.lanes))
+            })?;
+            let ndim = usize::try_from(m.ndim)
+                .ok()
+                .filter(|&n| n <= sys::OPB_MAX_NDIM)
+                .ok_or_else(|| bad(i, format!("ndim {}", m.ndim)))?;
+            let extents = &m.shape[..ndim];
+            if extents.iter().any(|&d| d < 0) {
+                return Err(bad(i, format!("shape {extents:?}")));
+            }
+            metas.push(Meta { dtype, shape: extents.iter().map(|&d| d as usize).collect() });
+        }
+        Ok(metas)
     }
 
     fn run_cpu(&self, inputs: &[Option<TensorView>], outputs: &[TensorView], attrs: &Attrs) -> Result<()> {
