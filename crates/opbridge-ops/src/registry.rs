@@ -326,6 +326,24 @@ impl Entry {
         CallGuard(Arc::clone(self))
     }
 
+    /// Like [`Entry::enter`] for a call that ends before the caller returns (no `Arc` to
+    /// clone: the synchronous numpy path).
+    pub fn enter_scoped(&self) -> ScopedCall<'_> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        ScopedCall(self)
+    }
+
+    /// Ends a call: wakes an unload waiting for the last one.
+    fn exit(&self) {
+        // Waking costs a lock and a system call: only when an unload is actually waiting.
+        if self.calls.fetch_sub(1, Ordering::SeqCst) == 1 && self.waiters.load(Ordering::SeqCst) > 0 {
+            // Taking the lock orders the wake after the waiter's check (it holds the lock from
+            // its check until it sleeps).
+            let _lock = self.wait.lock().unwrap_or_else(|p| p.into_inner());
+            self.idle.notify_all();
+        }
+    }
+
     /// Blocks until no call of this operator is in flight.
     pub fn wait_idle(&self) {
         let mut lock = self.wait.lock().unwrap_or_else(|p| p.into_inner());
@@ -351,14 +369,23 @@ impl CallGuard {
 
 impl Drop for CallGuard {
     fn drop(&mut self) {
-        let entry = &self.0;
-        // Waking costs a lock and a system call: only when an unload is actually waiting.
-        if entry.calls.fetch_sub(1, Ordering::SeqCst) == 1 && entry.waiters.load(Ordering::SeqCst) > 0 {
-            // Taking the lock orders the wake after the waiter's check (it holds the lock from
-            // its check until it sleeps).
-            let _lock = entry.wait.lock().unwrap_or_else(|p| p.into_inner());
-            entry.idle.notify_all();
-        }
+        self.0.exit();
+    }
+}
+
+/// A call in flight for the duration of a borrow (see [`Entry::enter_scoped`]).
+#[derive(Debug)]
+pub struct ScopedCall<'a>(&'a Entry);
+
+impl ScopedCall<'_> {
+    pub fn entry(&self) -> &Entry {
+        self.0
+    }
+}
+
+impl Drop for ScopedCall<'_> {
+    fn drop(&mut self) {
+        self.0.exit();
     }
 }
 

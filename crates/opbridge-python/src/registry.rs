@@ -204,7 +204,7 @@ fn try_lane<'py>(
         addresses[k] = layout.data;
     }
     let Some((dtype, model)) = first else { return Ok(None) };
-    if !entry.schema().dtypes.contains(&dtype) || !(lane.accepts)(dtype) {
+    if !(lane.accepts)(dtype) || !entry.schema().dtypes.contains(&dtype) {
         return Ok(None);
     }
     let len = model.len();
@@ -235,7 +235,7 @@ fn try_lane<'py>(
             (layout.data, given.clone())
         }
     };
-    let guard = entry.enter();
+    let guard = entry.enter_scoped();
     let inputs = &addresses[..n];
     host::run(py, bytes * (n + 1), || (lane.run)(dtype, inputs, out_address, len)).map_err(to_pyerr)?;
     drop(guard);
@@ -312,7 +312,7 @@ fn call_host<'py>(
     let out_views: Few<TensorView> = results.iter().map(view_of).collect();
     check_outputs_disjoint(name, &out_views)?;
     let bytes: usize = out_views.iter().chain(views.iter().flatten()).map(|v| v.numel() * v.dtype.size()).sum();
-    let guard = entry.enter();
+    let guard = entry.enter_scoped();
     let attrs = &call.attrs;
     host::run(py, bytes, || guard.entry().op.run_cpu(&views, &out_views, attrs)).map_err(to_pyerr)?;
     drop(guard);
