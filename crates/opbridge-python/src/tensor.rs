@@ -239,13 +239,15 @@ fn parse_dtype(py: Python<'_>, dtype: Option<&Bound<'_, PyAny>>) -> PyResult<DTy
         .ok_or_else(|| dtype_error(format!("expected a dtype of float16, float32, float64, int32, int64, got {descr}")))
 }
 
-/// A tensor argument: an `opbridge.Tensor`, or a numpy array wrapped zero-copy (host memory
-/// is the CPU device's memory). Byte-swapped arrays are read through one native copy.
+/// A tensor input: an `opbridge.Tensor`, or a numpy array copied at the call (what a
+/// host-to-device copy from pageable memory does in CUDA): the kernel runs later on a stream,
+/// and the caller may change or drop the array as soon as the call returns.
 pub fn as_tensor<'py>(op: &str, obj: &Bound<'py, PyAny>) -> PyResult<PyRef<'py, PyTensor>> {
     tensor_arg(op, obj, true)
 }
 
-/// An `out=` tensor: like [`as_tensor`], but a numpy array must be writable in place as it is.
+/// An `out=` tensor: a numpy array is wrapped zero-copy (host memory is the CPU device's
+/// memory) and must be writable in place as it is; callers synchronize before returning it.
 pub fn as_out_tensor<'py>(op: &str, obj: &Bound<'py, PyAny>) -> PyResult<PyRef<'py, PyTensor>> {
     tensor_arg(op, obj, false)
 }
@@ -255,12 +257,12 @@ fn tensor_arg<'py>(op: &str, obj: &Bound<'py, PyAny>, copy_if_needed: bool) -> P
         return Ok(tensor.borrow());
     }
     let mut host = HostArray::extract(op, "argument", obj, &DType::ALL)?;
-    if !host.is_native() {
-        if !copy_if_needed {
-            return Err(argument_error(format!("{op}: expected out in native byte order")));
-        }
+    if copy_if_needed {
+        // A private, native, C-contiguous snapshot that only the new tensor references.
         let dtype = host.dtype;
-        host = host.normalized(dtype)?;
+        host = if host.is_native() { host.copied()? } else { host.normalized(dtype)? };
+    } else if !host.is_native() {
+        return Err(argument_error(format!("{op}: expected out in native byte order")));
     }
     let tensor = wrap_host_array(op, &host)?;
     Ok(Bound::new(obj.py(), tensor)?.borrow())

@@ -210,8 +210,16 @@ impl StreamRegistry {
     fn prune_retired(&self) {
         let finished: Vec<StreamId> = {
             let mut retired = self.retired.lock().unwrap_or_else(|p| p.into_inner());
-            let done: Vec<StreamId> = retired.iter().filter(|(_, b)| b.query()).map(|(id, _)| *id).collect();
-            retired.retain(|(_, b)| !b.query());
+            // One query per stream: a stream that finishes between two queries would otherwise
+            // leave the list without its pools being told (its memory cached forever).
+            let mut done = Vec::new();
+            retired.retain(|(id, backend)| {
+                let finished = backend.query();
+                if finished {
+                    done.push(*id);
+                }
+                !finished
+            });
             done
         };
         for id in finished {
