@@ -13,7 +13,11 @@ def test_calibrate_measures_applies_and_saves(tmp_path, monkeypatch):
     before = ob.tuning.thresholds()
     try:
         measured = ob.calibrate()
-        assert set(measured) == {"elementwise_parallel_min_elems", "matmul_parallel_min_flops"}
+        assert set(measured) == {
+            "elementwise_parallel_min_elems",
+            "matmul_parallel_min_flops",
+            "transcendental_parallel_min_elems",
+        }
         assert all(v > 0 for v in measured.values())
         assert ob.tuning.thresholds() == measured
         assert json.loads((tmp_path / "thresholds.json").read_text()) == measured

@@ -9,18 +9,23 @@ use std::time::{Duration, Instant};
 
 use opbridge_runtime::DType;
 
+use crate::kernels::unary::{self, UnaryOp};
 use crate::kernels::{elementwise, matmul as mm};
 
 /// Elementwise kernels with at least this many elements use all cores.
 static ELEMENTWISE_PARALLEL_MIN: AtomicUsize = AtomicUsize::new(elementwise::PARALLEL_MIN_ELEMS);
 /// Matrix products with at least this many multiply-adds use all cores.
 static MATMUL_PARALLEL_MIN: AtomicUsize = AtomicUsize::new(mm::PARALLEL_MIN_FLOPS);
+/// Compute-bound elementwise kernels (exp, tanh, pow...) with at least this many elements use
+/// all cores.
+static TRANSCENDENTAL_PARALLEL_MIN: AtomicUsize = AtomicUsize::new(unary::TRANSCENDENTAL_PARALLEL_MIN_ELEMS);
 
 /// The thresholds in force.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Thresholds {
     pub elementwise_parallel_min_elems: usize,
     pub matmul_parallel_min_flops: usize,
+    pub transcendental_parallel_min_elems: usize,
 }
 
 pub fn elementwise_parallel_min() -> usize {
@@ -31,22 +36,29 @@ pub fn matmul_parallel_min() -> usize {
     MATMUL_PARALLEL_MIN.load(Ordering::Relaxed)
 }
 
+pub fn transcendental_parallel_min() -> usize {
+    TRANSCENDENTAL_PARALLEL_MIN.load(Ordering::Relaxed)
+}
+
 pub fn get() -> Thresholds {
     Thresholds {
         elementwise_parallel_min_elems: elementwise_parallel_min(),
         matmul_parallel_min_flops: matmul_parallel_min(),
+        transcendental_parallel_min_elems: transcendental_parallel_min(),
     }
 }
 
 pub fn set(t: Thresholds) {
     ELEMENTWISE_PARALLEL_MIN.store(t.elementwise_parallel_min_elems.max(1), Ordering::Relaxed);
     MATMUL_PARALLEL_MIN.store(t.matmul_parallel_min_flops.max(1), Ordering::Relaxed);
+    TRANSCENDENTAL_PARALLEL_MIN.store(t.transcendental_parallel_min_elems.max(1), Ordering::Relaxed);
 }
 
 pub fn defaults() -> Thresholds {
     Thresholds {
         elementwise_parallel_min_elems: elementwise::PARALLEL_MIN_ELEMS,
         matmul_parallel_min_flops: mm::PARALLEL_MIN_FLOPS,
+        transcendental_parallel_min_elems: unary::TRANSCENDENTAL_PARALLEL_MIN_ELEMS,
     }
 }
 
@@ -102,10 +114,20 @@ pub fn calibrate() -> Thresholds {
             unsafe { mm::matmul_with(DType::F32, d, d, d, mat(qa), mat(qb), mat(qo), parallel) }
         })
     });
+    // tanh: the slowest vectorized transcendental stands for the family.
+    let transcendental_sizes: Vec<usize> = (12..=20).map(|s| 1usize << s).collect();
+    let transcendental_min = crossover(&transcendental_sizes, |n, parallel| {
+        let min = if parallel { 0 } else { usize::MAX };
+        best_of(budget, || {
+            // SAFETY: `a` and `out` are distinct vectors of at least `n` f32s, alive for the call.
+            unsafe { unary::unary_contiguous_with_min(UnaryOp::Tanh, DType::F32, pa, po, n, min) }
+        })
+    });
     drop((a, b, out, ma, mb, mo));
     let thresholds = Thresholds {
         elementwise_parallel_min_elems: elementwise_min,
         matmul_parallel_min_flops: matmul_side.saturating_pow(3),
+        transcendental_parallel_min_elems: transcendental_min,
     };
     set(thresholds);
     thresholds

@@ -8,6 +8,7 @@ fn to_dict<'py>(py: Python<'py>, t: Thresholds) -> PyResult<Bound<'py, PyDict>> 
     let dict = PyDict::new(py);
     dict.set_item("elementwise_parallel_min_elems", t.elementwise_parallel_min_elems)?;
     dict.set_item("matmul_parallel_min_flops", t.matmul_parallel_min_flops)?;
+    dict.set_item("transcendental_parallel_min_elems", t.transcendental_parallel_min_elems)?;
     Ok(dict)
 }
 
@@ -41,6 +42,10 @@ pub fn set_thresholds(values: &Bound<'_, PyDict>) -> PyResult<()> {
             defaults.elementwise_parallel_min_elems,
         )?,
         matmul_parallel_min_flops: pick("matmul_parallel_min_flops", defaults.matmul_parallel_min_flops)?,
+        transcendental_parallel_min_elems: pick(
+            "transcendental_parallel_min_elems",
+            defaults.transcendental_parallel_min_elems,
+        )?,
     });
     Ok(())
 }

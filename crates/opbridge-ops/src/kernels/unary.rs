@@ -17,14 +17,14 @@ use super::broadcast::{self, StridedLoop};
 use super::Element;
 use crate::view::TensorView;
 
-/// Transcendental ops cost tens of cycles per element, so a second core pays off far earlier
-/// than for memory-bound ops. An estimate (exp/tanh ~10 ns per element against ~20 µs to wake
-/// the pool), not yet measured: `calibrate` should own it.
-pub const TRANSCENDENTAL_PARALLEL_MIN_ELEMS: usize = 1 << 14;
+/// Default for `tuning::transcendental_parallel_min()`. Vectorized exp/tanh cost well under a
+/// nanosecond per element, so waking the pool (5–20 µs on the project's loaded 2-core machine)
+/// pays off only from about this size; `calibrate` measures it with `tanh`.
+pub const TRANSCENDENTAL_PARALLEL_MIN_ELEMS: usize = 1 << 16;
 
-/// The parallel threshold of compute-bound kernels: never above the calibrated elementwise one.
+/// The parallel threshold of compute-bound kernels (calibrated).
 pub(crate) fn transcendental_parallel_min() -> usize {
-    TRANSCENDENTAL_PARALLEL_MIN_ELEMS.min(crate::tuning::elementwise_parallel_min())
+    crate::tuning::transcendental_parallel_min()
 }
 
 /// Float math in the type an element computes in: `f32` for float16 and float32, `f64` for
@@ -841,9 +841,24 @@ pub fn unary_lane_accepts(op: UnaryOp, dtype: DType) -> bool {
 /// `x` is readable and `out` writable for `len` aligned elements of `dtype`, nothing else
 /// writes them during the call, and `out` is either disjoint from `x` or equal to it.
 pub unsafe fn unary_contiguous(op: UnaryOp, dtype: DType, x: usize, out: usize, len: usize) {
+    // SAFETY: forwarded.
+    unsafe { unary_contiguous_with_min(op, dtype, x, out, len, op.parallel_min()) }
+}
+
+/// [`unary_contiguous`] going parallel from `min` elements (what `tuning::calibrate` times).
+///
+/// # Safety
+/// As for [`unary_contiguous`].
+pub(crate) unsafe fn unary_contiguous_with_min(
+    op: UnaryOp,
+    dtype: DType,
+    x: usize,
+    out: usize,
+    len: usize,
+    min: usize,
+) {
     debug_assert!(unary_lane_accepts(op, dtype));
     let lp = StridedLoop::flat([out, x], [dtype.size(); 2], len);
-    let min = op.parallel_min();
     // The loop is one contiguous run split into chunks: `unary`'s contract for `run_float`.
     match dtype {
         DType::F16 => run_float::<f16>(op, &lp, min),
