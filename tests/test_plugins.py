@@ -103,6 +103,25 @@ def test_strided_inputs_out_and_tensors(loaded: ob.Library) -> None:
     np.testing.assert_allclose(t.numpy(), a * 2 + b)
 
 
+def test_repeated_and_alternating_call_signatures(loaded: ob.Library) -> None:
+    # opbridge reuses the shape function's last result for an identical call (inputs and
+    # attributes): every change of shape, dtype or attribute must still be seen.
+    v2 = ob.ops.get("scale_add", version=2)
+    shapes = [(4,), (4,), (2, 2), (4,), (3, 5), (3, 5)]
+    for i, shape in enumerate(shapes):
+        dtype = np.float32 if i % 2 else np.float64
+        a = np.full(shape, 2, dtype)
+        b = np.ones(shape, dtype)
+        for alpha, beta in [(1.0, 1.0), (3.0, 1.0), (3.0, -1.0)]:
+            r = v2(a, b, alpha=alpha, beta=beta)
+            assert r.shape == shape and r.dtype == dtype
+            np.testing.assert_array_equal(r, a * alpha + b * beta)
+        with pytest.raises(ob.ShapeError):
+            v2(a, np.ones((7,), dtype))
+        with pytest.raises(ob.DTypeError):
+            v2(a, b.astype(np.float32 if dtype == np.float64 else np.float64))
+
+
 def test_errors_are_typed(loaded: ob.Library) -> None:
     a = np.ones(4, np.float32)
     with pytest.raises(ob.ShapeError, match=r"scale_add: .*shape.*\[?5"):

@@ -320,7 +320,8 @@ pub trait Op: 'static {
     /// dtypes the inputs may have; opbridge rejects others before calling `infer`.
     const DTYPES: &'static [DType];
 
-    /// The shape function: checks the inputs and returns one `Meta` per output.
+    /// The shape function: checks the inputs and returns one `Meta` per output. A pure
+    /// function of its arguments: opbridge may reuse an earlier result for equal arguments.
     fn infer(inputs: &[Meta], attrs: &Attrs<'_>) -> Result<Vec<Meta>>;
 
     /// Bytes of scratch memory `run` needs for these inputs (given as `workspace`, 64-byte

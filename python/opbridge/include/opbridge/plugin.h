@@ -188,7 +188,9 @@ typedef struct {
 } OpbMeta;
 
 /* Shape function (required): checks the inputs' dtypes and shapes and fills one OpbMeta per
- * output (`outputs` arrive zeroed). Runs before any memory is allocated. */
+ * output (`outputs` arrive zeroed). Runs before any memory is allocated. It must be a pure
+ * function of its arguments: opbridge may reuse an earlier result for the same input metas and
+ * attribute values instead of calling it again. */
 typedef int (*OpbInferFn)(const OpbMeta *inputs, int n_in, OpbMeta *outputs, int n_out,
                           const OpbAttrs *attrs, char *err_msg, size_t err_len);
 
