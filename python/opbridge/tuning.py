@@ -6,7 +6,7 @@ yours and saves them in a per-user cache file, which every later ``import opbrid
     >>> import opbridge as ob
     >>> ob.calibrate()          # about a second
     {'elementwise_parallel_min_elems': 262144, 'matmul_parallel_min_flops': 110592,
-     'transcendental_parallel_min_elems': 65536}
+     'transcendental_parallel_min_elems': 131072}
 
 The cache folder is ``$OPBRIDGE_CACHE_DIR``, else ``$XDG_CACHE_HOME/opbridge``, else
 ``~/.cache/opbridge``.

@@ -19,8 +19,8 @@ use crate::view::TensorView;
 
 /// Default for `tuning::transcendental_parallel_min()`. Vectorized exp/tanh cost well under a
 /// nanosecond per element, so waking the pool (5–20 µs on the project's loaded 2-core machine)
-/// pays off only from about this size; `calibrate` measures it with `tanh`.
-pub const TRANSCENDENTAL_PARALLEL_MIN_ELEMS: usize = 1 << 16;
+/// pays off only from about this size (`calibrate`, timing `tanh`, measured 64K–128K there).
+pub const TRANSCENDENTAL_PARALLEL_MIN_ELEMS: usize = 1 << 17;
 
 /// The parallel threshold of compute-bound kernels (calibrated).
 pub(crate) fn transcendental_parallel_min() -> usize {
