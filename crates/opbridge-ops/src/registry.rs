@@ -171,6 +171,7 @@ impl OpBuilder {
                 outputs: Vec::new(),
                 attrs: Vec::new(),
                 dtypes: DType::ALL.to_vec(),
+                shared: Default::default(),
             },
             infer: None,
             cast: None,

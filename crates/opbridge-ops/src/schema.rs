@@ -3,8 +3,10 @@
 //! the same description.
 
 use std::fmt;
+use std::sync::{Arc, OnceLock};
 
 use opbridge_runtime::DType;
+use smallvec::SmallVec;
 
 use crate::error::{OpError, Result};
 
@@ -58,6 +60,19 @@ pub struct Schema {
     pub attrs: Vec<AttrSpec>,
     /// dtypes the inputs may have.
     pub dtypes: Vec<DType>,
+    /// The operator and attribute names every call's [`Attrs`] share, made on the first call
+    /// (so a call copies no strings). Schemas are not changed once registered.
+    pub(crate) shared: SharedNames,
+}
+
+/// Names shared between a schema and its calls' [`Attrs`]; a cache, so equal by definition.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SharedNames(OnceLock<(Arc<str>, Arc<[String]>)>);
+
+impl PartialEq for SharedNames {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 impl Schema {
@@ -78,48 +93,65 @@ impl Schema {
 
     /// Completes `given` (name, value) pairs with defaults; unknown or missing names are errors
     /// that list what the operator takes.
-    pub fn bind_attrs(&self, given: Vec<(String, AttrValue)>) -> Result<Attrs> {
-        let op = self.name.clone();
-        let known: Vec<&str> = self.attrs.iter().map(|a| a.name.as_str()).collect();
+    pub fn bind_attrs<K: AsRef<str>>(&self, given: impl IntoIterator<Item = (K, AttrValue)>) -> Result<Attrs> {
+        let given: SmallVec<[(K, AttrValue); 4]> = given.into_iter().collect();
         for (name, _) in &given {
-            if !known.contains(&name.as_str()) {
-                return Err(OpError::UnknownAttribute { op, name: name.clone(), known: known.join(", ") });
+            if !self.attrs.iter().any(|a| a.name == name.as_ref()) {
+                let known: Vec<&str> = self.attrs.iter().map(|a| a.name.as_str()).collect();
+                return Err(OpError::UnknownAttribute {
+                    op: self.name.clone(),
+                    name: name.as_ref().to_string(),
+                    known: known.join(", "),
+                });
             }
         }
-        let mut values = Vec::with_capacity(self.attrs.len());
+        let mut values = SmallVec::with_capacity(self.attrs.len());
         for spec in &self.attrs {
-            let value = match given.iter().find(|(n, _)| n == &spec.name) {
+            let value = match given.iter().find(|(n, _)| n.as_ref() == spec.name) {
                 Some((_, v)) => v.clone(),
                 None => spec
                     .default
                     .clone()
                     .ok_or_else(|| OpError::MissingAttribute { op: self.name.clone(), name: spec.name.clone() })?,
             };
-            values.push((spec.name.clone(), value));
+            values.push(value);
         }
-        Ok(Attrs { op: self.name.clone(), values })
+        let (op, names) = self
+            .shared
+            .0
+            .get_or_init(|| (Arc::from(self.name.as_str()), self.attrs.iter().map(|a| a.name.clone()).collect()));
+        Ok(Attrs { op: Arc::clone(op), names: Arc::clone(names), values })
     }
 }
 
 /// An operator call's attribute values, complete (defaults filled in) and in schema order.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Attrs {
-    op: String,
-    values: Vec<(String, AttrValue)>,
+    op: Arc<str>,
+    /// The schema's attribute names (shared, not copied per call).
+    names: Arc<[String]>,
+    values: SmallVec<[AttrValue; 4]>,
+}
+
+impl Default for Attrs {
+    fn default() -> Attrs {
+        Attrs { op: Arc::from(""), names: Arc::from(Vec::new()), values: SmallVec::new() }
+    }
 }
 
 impl Attrs {
-    pub fn values(&self) -> &[(String, AttrValue)] {
-        &self.values
+    /// `(name, value)` pairs in schema order.
+    pub fn values(&self) -> impl Iterator<Item = (&str, &AttrValue)> {
+        self.names.iter().map(String::as_str).zip(&self.values)
     }
 
     pub fn get(&self, name: &str) -> Option<&AttrValue> {
-        self.values.iter().find(|(n, _)| n == name).map(|(_, v)| v)
+        self.names.iter().position(|n| n == name).map(|i| &self.values[i])
     }
 
     fn wrong(&self, name: &str, expected: &str) -> OpError {
         OpError::InvalidAttribute {
-            op: self.op.clone(),
+            op: self.op.to_string(),
             message: format!(
                 "expected {name} to be {expected}, got {}",
                 self.get(name).map_or_else(|| "nothing".to_string(), AttrValue::to_string)

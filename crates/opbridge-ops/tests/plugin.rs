@@ -125,7 +125,7 @@ fn call(name: &str, version: Option<u32>, a: &[f32], attrs: &[(&str, AttrValue)]
 }
 
 fn call_entry(entry: &opbridge_ops::Entry, a: &[f32], attrs: &[(&str, AttrValue)]) -> Result<Vec<f32>, OpError> {
-    let attrs = entry.schema().bind_attrs(attrs.iter().map(|(n, v)| (n.to_string(), v.clone())).collect())?;
+    let attrs = entry.schema().bind_attrs(attrs.iter().map(|(n, v)| (*n, v.clone())))?;
     let metas = entry.op.infer(&[Some(Meta::new(DType::F32, &[a.len()]))], &attrs)?;
     assert_eq!(metas, vec![Meta::new(DType::F32, &[a.len()])]);
     let mut out = vec![0f32; a.len()];
@@ -219,7 +219,7 @@ fn the_c_example_registers_both_versions_and_computes() {
     }
 
     // Errors of the shape function are typed.
-    let attrs = v2.schema().bind_attrs(vec![]).unwrap();
+    let attrs = v2.schema().bind_attrs(Vec::<(&str, AttrValue)>::new()).unwrap();
     let shape = v2.op.infer(&[Some(Meta::new(DType::F64, &[4])), Some(Meta::new(DType::F64, &[5]))], &attrs);
     assert!(matches!(shape, Err(OpError::Shape { .. })), "{shape:?}");
     let dtype = v2.op.infer(&[Some(Meta::new(DType::F32, &[4])), Some(Meta::new(DType::F64, &[4]))], &attrs);

@@ -10,6 +10,7 @@ use opbridge_ops::{overlap, AttrValue, Attrs, Meta, Overlap, TensorView};
 use opbridge_runtime::{DType, DeviceContext, Tensor};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedStr;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
 use smallvec::SmallVec;
@@ -104,11 +105,11 @@ fn bind<'py>(
     }
     let mut inputs: Few<Option<Bound<'py, PyAny>>> = args.iter().map(Some).collect();
     inputs.resize(schema.inputs.len(), None);
-    let mut attrs = Vec::new();
+    let mut attrs: Few<(PyBackedStr, AttrValue)> = Few::new();
     if let Some(kwargs) = kwargs {
         for (key, value) in kwargs.iter() {
-            let key: String = key.extract()?;
-            match schema.inputs.iter().position(|i| i.name == key) {
+            let key: PyBackedStr = key.extract()?;
+            match schema.inputs.iter().position(|i| i.name == *key) {
                 Some(index) if inputs[index].is_some() => {
                     return Err(PyTypeError::new_err(format!("{name}() got multiple values for argument {key:?}")));
                 }

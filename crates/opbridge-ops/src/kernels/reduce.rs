@@ -22,6 +22,7 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 use opbridge_runtime::DType;
 use rayon::prelude::*;
+use smallvec::SmallVec;
 
 use crate::view::TensorView;
 
@@ -169,16 +170,20 @@ pub unsafe fn reduce(op: ReduceOp, x: &TensorView, axis: Option<isize>, out: &Te
     if out.dtype != expected {
         return Err(format!("{name}: out must have dtype {expected} for {} input, got {}", x.dtype, out.dtype));
     }
-    let reduced: Vec<bool> = (0..ndim).map(|d| axis.is_none_or(|a| a == d)).collect();
-    let keep = reduce_shape(&x.shape, axis.map(|a| a as isize), true)?;
-    let drop = reduce_shape(&x.shape, axis.map(|a| a as isize), false)?;
+    // Inline lists: a small reduction's setup must not cost more than its loop.
+    let reduced: SmallVec<[bool; 8]> = (0..ndim).map(|d| axis.is_none_or(|a| a == d)).collect();
+    // `out` has the kept dimensions, with (keepdims) or without the reduced ones as 1s.
+    let kept_dims = (0..ndim).filter(|&d| !reduced[d]).map(|d| x.shape[d]);
+    let with_ones = (0..ndim).map(|d| if reduced[d] { 1 } else { x.shape[d] });
     // The stride of `out` along each dimension of `x` (0 along reduced dimensions).
-    let os: Vec<isize> = if out.shape.as_slice() == keep.as_slice() {
+    let os: SmallVec<[isize; 8]> = if out.shape.len() == ndim && out.shape.iter().copied().eq(with_ones) {
         (0..ndim).map(|d| if reduced[d] { 0 } else { out.strides[d] }).collect()
-    } else if out.shape.as_slice() == drop.as_slice() {
+    } else if out.shape.iter().copied().eq(kept_dims) {
         let mut kept = out.strides.iter();
         (0..ndim).map(|d| if reduced[d] { 0 } else { *kept.next().expect("one stride per kept dim") }).collect()
     } else {
+        let keep = reduce_shape(&x.shape, axis.map(|a| a as isize), true)?;
+        let drop = reduce_shape(&x.shape, axis.map(|a| a as isize), false)?;
         return Err(format!("{name}: out must have shape {drop:?} (or {keep:?} with keepdims), got {:?}", out.shape));
     };
     let plan = Plan { x: x.data, out: out.data, shape: &x.shape, xs: &x.strides, os: &os, reduced: &reduced };

@@ -275,6 +275,7 @@ pub unsafe fn validate(desc: &sys::OpbOpDesc) -> Result<OpSpec, String> {
             outputs,
             attrs,
             dtypes,
+            shared: Default::default(),
         },
         attr_kinds,
         attr_names,
