@@ -34,7 +34,8 @@ fn involves_tensor(args: &[Option<&Bound<'_, PyAny>>]) -> bool {
 ///
 /// Returns:
 ///     A new array (or ``out``). With ``Tensor`` arguments, a ``Tensor`` enqueued on the
-///     current stream; the call returns at once.
+///     current stream; the call returns at once (a numpy argument beside a ``Tensor`` is
+///     copied first, so it may change as soon as the call returns).
 ///
 /// Raises:
 ///     ShapeError: shapes differ, or ``out`` has the wrong shape.
@@ -201,8 +202,9 @@ type TensorOp = fn(
     &opbridge_runtime::Stream,
 ) -> opbridge_ops::Result<Option<Arc<opbridge_runtime::Tensor>>>;
 
-/// The async path: arguments become tensors (numpy arrays are wrapped zero-copy), the op is
-/// enqueued on the current stream of their device, and a `Tensor` comes back at once.
+/// The async path: arguments become tensors (numpy inputs are copied at the call, a numpy
+/// `out=` is written in place and waited for), the op is enqueued on the current stream of
+/// their device, and a `Tensor` comes back at once.
 fn tensor_call<'py>(
     py: Python<'py>,
     op: &str,
