@@ -437,3 +437,55 @@ fn reloading_a_rebuilt_file_at_the_same_path_runs_the_new_code() {
         .unwrap_or(0);
     assert_eq!(copies, 0);
 }
+
+#[test]
+fn repeated_shape_function_calls_see_every_change_of_inputs_and_attributes() {
+    // `out` has `k` more elements than `a` and counts how often the shape function ran in its
+    // second dimension: the host may skip a repeated call, never one whose arguments changed.
+    let source = r#"
+#include <opbridge/plugin.h>
+static int calls = 0;
+static int infer(const OpbMeta *in, int n_in, OpbMeta *out, int n_out, const OpbAttrs *attrs, char *err, size_t len) {
+  (void)n_in; (void)n_out; (void)err; (void)len;
+  calls++;
+  out[0] = in[0];
+  out[0].ndim = 2;
+  out[0].shape[0] = in[0].shape[0] + opb_attr(attrs, "k")->i;
+  out[0].shape[1] = calls;
+  return OPB_OK;
+}
+static int kernel(const DLTensor *in, int n_in, DLTensor *out, int n_out, const OpbAttrs *attrs,
+                  void *stream, void *ws, char *err, size_t len) {
+  (void)in; (void)n_in; (void)out; (void)n_out; (void)attrs; (void)stream; (void)ws; (void)err; (void)len;
+  return OPB_OK;
+}
+static const char *const inputs[] = {"a"};
+static const DLDataType dtypes[] = {OPB_FLOAT32, OPB_FLOAT64};
+static const OpbAttrDesc attrs[] = {{"k", OPB_ATTR_INT, 0, 0, 0.0, "extra elements"}};
+static OpbOpDesc ops[] = {{
+  .name = "plug_memo", .version = 1, .n_inputs = 1, .input_names = inputs, .n_outputs = 1,
+  .n_attrs = 1, .attrs = attrs, .n_dtypes = 2, .dtypes = dtypes, .infer = infer, .cpu_kernel = kernel,
+}};
+OPB_EXPORT int opbridge_plugin_init(const OpbPluginHost *host, OpbPluginInfo *info) {
+  info->abi_version = OPBRIDGE_PLUGIN_ABI_VERSION;
+  if (host->abi_version != OPBRIDGE_PLUGIN_ABI_VERSION) return OPB_ERR_ABI_MISMATCH;
+  info->n_ops = 1; info->ops = ops; return OPB_OK;
+}
+"#;
+    let lib = Library::load(shared_library(source, "plug_memo")).unwrap();
+    let entry = Registry::global().get("plug_memo", None).unwrap();
+    let infer = |dtype: DType, n: usize, k: i64| {
+        let attrs = entry.schema().bind_attrs([("k", AttrValue::Int(k))]).unwrap();
+        let out = entry.op.infer(&[Some(Meta::new(dtype, &[n]))], &attrs).unwrap();
+        (out[0].shape[0], out[0].shape[1])
+    };
+    // (length, calls so far): a repeat keeps the count, any change runs the function again.
+    assert_eq!(infer(DType::F32, 4, 1), (5, 1));
+    assert_eq!(infer(DType::F32, 4, 1), (5, 1));
+    assert_eq!(infer(DType::F32, 4, 2), (6, 2));
+    assert_eq!(infer(DType::F32, 7, 2), (9, 3));
+    assert_eq!(infer(DType::F64, 7, 2), (9, 4));
+    assert_eq!(infer(DType::F64, 7, 2), (9, 4));
+    assert_eq!(infer(DType::F32, 4, 1), (5, 5));
+    lib.unload().unwrap();
+}
