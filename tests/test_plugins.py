@@ -267,3 +267,31 @@ def test_library_class_loads_too(c_plugin: Path) -> None:
     finally:
         lib.unload()
 
+
+
+def test_op_attributes_follow_loads_and_unloads_under_threads(c_plugin: Path) -> None:
+    # `ob.ops.<name>` is cached as a module attribute: readers racing loads and unloads must
+    # never leave one behind that names an unloaded operator.
+    stop = threading.Event()
+
+    def reader() -> None:
+        while not stop.is_set():
+            try:
+                ob.ops.scale_add  # noqa: B018
+            except AttributeError:
+                pass
+
+    readers = [threading.Thread(target=reader) for _ in range(3)]
+    for t in readers:
+        t.start()
+    try:
+        for _ in range(20):
+            lib = ob.load_library(str(c_plugin))
+            assert ob.ops.scale_add.version == 2
+            lib.unload()
+            with pytest.raises(AttributeError):
+                ob.ops.scale_add  # noqa: B018
+    finally:
+        stop.set()
+        for t in readers:
+            t.join()

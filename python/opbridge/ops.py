@@ -88,9 +88,10 @@ _installed: set[str] = set()
 def _invalidate() -> None:
     """Forgets every cached operator (the native layer calls this when operators change)."""
     global _generation
-    for name in _installed:
+    # A copy: another thread may install a name while this loop runs (between bytecodes).
+    for name in list(_installed):
         globals().pop(name, None)
-    _installed.clear()
+        _installed.discard(name)
     _cache.clear()
     _generation = -1
 
@@ -98,12 +99,18 @@ def _invalidate() -> None:
 def __getattr__(name: str) -> Op:
     if name.startswith("__"):
         raise AttributeError(name)
+    generation = _native.registry_generation()
     try:
         op = get(name)
     except OpBridgeError as e:
         raise AttributeError(str(e)) from None
     globals()[name] = op
     _installed.add(name)
+    # A load or unload on another thread since the lookup: its `_invalidate` may have run
+    # before the install above, so take the name back (the next access looks it up again).
+    if _native.registry_generation() != generation:
+        globals().pop(name, None)
+        _installed.discard(name)
     return op
 
 
