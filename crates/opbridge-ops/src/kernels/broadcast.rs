@@ -285,8 +285,13 @@ impl<const N: usize> StridedLoop<N> {
     /// concurrent calls on disjoint runs.
     pub fn run(&self, parallel_min: usize, f: impl Fn([usize; N], Strides<N>, usize) + Sync) {
         let n = self.numel;
+        // Small walks (the usual call) decide without asking rayon for its pool.
+        if n < parallel_min {
+            self.for_each_run(0, n, f);
+            return;
+        }
         let threads = rayon::current_num_threads();
-        if n < parallel_min || threads < 2 {
+        if threads < 2 {
             self.for_each_run(0, n, f);
             return;
         }
