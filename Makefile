@@ -40,6 +40,7 @@ bench: setup
 	$(PY) benchmarks/bench_vector_add.py
 	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE $(PY) benchmarks/bench_matmul.py
 	$(PY) benchmarks/bench_ops.py
+	$(PY) benchmarks/bench_small_calls.py
 	$(PY) benchmarks/bench_plugin.py
 	$(PY) benchmarks/bench_bindings.py
 	cargo bench -p opbridge-runtime --bench pool
