@@ -86,14 +86,12 @@ _installed: set[str] = set()
 
 
 def _invalidate() -> None:
-    """Forgets every cached operator (the native layer calls this when operators change)."""
-    global _generation
+    """Forgets the operators installed as attributes (the native layer calls this when
+    operators change; `get`'s own cache follows the registry generation by itself)."""
     # A copy: another thread may install a name while this loop runs (between bytecodes).
     for name in list(_installed):
         globals().pop(name, None)
         _installed.discard(name)
-    _cache.clear()
-    _generation = -1
 
 
 def __getattr__(name: str) -> Op:

@@ -31,7 +31,11 @@ fn operators_changed(py: Python<'_>) -> PyResult<()> {
 impl PyLibrary {
     fn load(py: Python<'_>, path: PathBuf) -> PyResult<PyLibrary> {
         let lib = py.detach(|| NativeLibrary::load(&path)).map_err(to_pyerr)?;
-        operators_changed(py)?;
+        if let Err(error) = operators_changed(py) {
+            // No handle goes back to the caller: nothing of the library may stay registered.
+            py.detach(|| lib.unload()).map_err(to_pyerr)?;
+            return Err(error);
+        }
         Ok(PyLibrary { path: lib.path().to_path_buf(), ops: lib.ops(), inner: Mutex::new(Some(lib)) })
     }
 
@@ -74,8 +78,8 @@ impl PyLibrary {
         match lib {
             Some(lib) => {
                 let unloaded = py.detach(|| lib.unload()).map_err(to_pyerr);
-                operators_changed(py)?;
-                unloaded
+                // The unload's own error first: it says what happened to the library.
+                unloaded.and(operators_changed(py))
             }
             None => Ok(()),
         }

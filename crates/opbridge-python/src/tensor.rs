@@ -243,21 +243,28 @@ fn parse_dtype(py: Python<'_>, dtype: Option<&Bound<'_, PyAny>>) -> PyResult<DTy
 /// host-to-device copy from pageable memory does in CUDA): the kernel runs later on a stream,
 /// and the caller may change or drop the array as soon as the call returns.
 pub fn as_tensor<'py>(op: &str, obj: &Bound<'py, PyAny>) -> PyResult<PyRef<'py, PyTensor>> {
-    tensor_arg(op, obj, true)
+    tensor_arg(op, obj, Role::Input)
 }
 
 /// An `out=` tensor: a numpy array is wrapped zero-copy (host memory is the CPU device's
 /// memory) and must be writable in place as it is; callers synchronize before returning it.
 pub fn as_out_tensor<'py>(op: &str, obj: &Bound<'py, PyAny>) -> PyResult<PyRef<'py, PyTensor>> {
-    tensor_arg(op, obj, false)
+    tensor_arg(op, obj, Role::Out)
 }
 
-fn tensor_arg<'py>(op: &str, obj: &Bound<'py, PyAny>, copy_if_needed: bool) -> PyResult<PyRef<'py, PyTensor>> {
+/// How a numpy argument becomes a tensor: an input is snapshotted, an `out=` wrapped in place.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Input,
+    Out,
+}
+
+fn tensor_arg<'py>(op: &str, obj: &Bound<'py, PyAny>, role: Role) -> PyResult<PyRef<'py, PyTensor>> {
     if let Ok(tensor) = obj.cast::<PyTensor>() {
         return Ok(tensor.borrow());
     }
     let mut host = HostArray::extract(op, "argument", obj, &DType::ALL)?;
-    if copy_if_needed {
+    if role == Role::Input {
         // A private, native, C-contiguous snapshot that only the new tensor references.
         let dtype = host.dtype;
         host = if host.is_native() { host.copied()? } else { host.normalized(dtype)? };

@@ -49,6 +49,16 @@ fn binary_doc(op: BinaryOp) -> &'static str {
     }
 }
 
+/// The output of a binary elementwise op: `a` and `b` broadcast together, of `dtype`.
+fn broadcast_meta(op: &'static str, a: &Meta, b: &Meta, dtype: DType) -> Result<Meta> {
+    let shape = broadcast_shapes(&[&a.shape, &b.shape]).map_err(|message| OpError::Shape {
+        op,
+        expected: "broadcastable shapes".into(),
+        got: message,
+    })?;
+    Ok(Meta { dtype, shape: shape.into() })
+}
+
 fn binary_op(op: BinaryOp) -> Result<OpDef> {
     let name = op.name();
     OpBuilder::new(name, 1)
@@ -61,12 +71,7 @@ fn binary_op(op: BinaryOp) -> Result<OpDef> {
         })
         .infer(move |inputs, _| {
             let (a, b) = (required(inputs, 0), required(inputs, 1));
-            let shape = broadcast_shapes(&[&a.shape, &b.shape]).map_err(|message| OpError::Shape {
-                op: name,
-                expected: "broadcastable shapes".into(),
-                got: message,
-            })?;
-            Ok(vec![Meta { dtype: binary_result_dtype(op, a.dtype, b.dtype), shape: shape.into() }])
+            Ok(vec![broadcast_meta(name, a, b, binary_result_dtype(op, a.dtype, b.dtype))?])
         })
         .cpu(move |inputs, outputs, _| {
             let (a, b) = (inputs[0].as_ref().expect("a"), inputs[1].as_ref().expect("b"));
@@ -101,12 +106,7 @@ fn axpy() -> Result<OpDef> {
         })
         .infer(|inputs, _| {
             let (x, y) = (required(inputs, 0), required(inputs, 1));
-            let shape = broadcast_shapes(&[&x.shape, &y.shape]).map_err(|message| OpError::Shape {
-                op: "axpy",
-                expected: "broadcastable shapes".into(),
-                got: message,
-            })?;
-            Ok(vec![Meta { dtype: x.dtype.promote(y.dtype), shape: shape.into() }])
+            Ok(vec![broadcast_meta("axpy", x, y, x.dtype.promote(y.dtype))?])
         })
         .cpu(|inputs, outputs, attrs| {
             let alpha = attrs.float("alpha")?;
@@ -157,8 +157,7 @@ fn unary_op(op: UnaryOp) -> Result<OpDef> {
 
 fn unary_lane(op: UnaryOp, dtype: DType, inputs: &[usize], out: usize, len: usize) -> Result<()> {
     // SAFETY: the lane's contract (see `Lane::run`), which is `unary_contiguous`'s.
-    unsafe { unary_contiguous(op, dtype, inputs[0], out, len) };
-    Ok(())
+    unsafe { unary_contiguous(op, dtype, inputs[0], out, len) }.map_err(kernel(op.name()))
 }
 
 fn gelu_form(approximate: &str) -> Result<UnaryOp> {

@@ -117,24 +117,33 @@ pub unsafe fn binary(op: BinaryOp, a: &TensorView, b: &TensorView, out: &TensorV
     if op == BinaryOp::Div && !out.dtype.is_float() {
         return Err(format!("div has no {} kernel: numpy's true division gives float64, cast to it first", out.dtype));
     }
-    let a_full = broadcast::try_broadcast_view(a, &out.shape).map_err(|e| format!("{op}: {e}"))?;
-    let b_full = broadcast::try_broadcast_view(b, &out.shape).map_err(|e| format!("{op}: {e}"))?;
-    if broadcast::has_repeated_elements(out) {
-        return Err(format!("{op}: out has a stride-0 dimension (it names one element several times)"));
-    }
+    let lp = broadcast_loop(op.name(), a, b, out)?;
     if op == BinaryOp::Pow && !out.dtype.is_float() && has_negative(b) {
         return Err(NEGATIVE_INT_POWER.to_string());
     }
-    let lp = StridedLoop::new([out, &a_full, &b_full]);
-    let min = op.parallel_min();
-    match out.dtype {
-        DType::F16 => run_float::<f16>(op, &lp, min),
-        DType::F32 => run_float::<f32>(op, &lp, min),
-        DType::F64 => run_float::<f64>(op, &lp, min),
-        DType::I32 => run_int::<i32>(op, &lp, min),
-        DType::I64 => run_int::<i64>(op, &lp, min),
-    }
+    run_loop(op, out.dtype, &lp, op.parallel_min());
     Ok(())
+}
+
+/// The walk over `[out, a, b]` with `a` and `b` broadcast to `out.shape`; errors name `name`.
+fn broadcast_loop(name: &str, a: &TensorView, b: &TensorView, out: &TensorView) -> Result<StridedLoop<3>, String> {
+    let a_full = broadcast::try_broadcast_view(a, &out.shape).map_err(|e| format!("{name}: {e}"))?;
+    let b_full = broadcast::try_broadcast_view(b, &out.shape).map_err(|e| format!("{name}: {e}"))?;
+    if broadcast::has_repeated_elements(out) {
+        return Err(format!("{name}: out has a stride-0 dimension (it names one element several times)"));
+    }
+    Ok(StridedLoop::new([out, &a_full, &b_full]))
+}
+
+/// Runs `op` over `lp` (`[out, a, b]`, all of `dtype`; integer `div` already refused).
+fn run_loop(op: BinaryOp, dtype: DType, lp: &StridedLoop<3>, min: usize) {
+    match dtype {
+        DType::F16 => run_float::<f16>(op, lp, min),
+        DType::F32 => run_float::<f32>(op, lp, min),
+        DType::F64 => run_float::<f64>(op, lp, min),
+        DType::I32 => run_int::<i32>(op, lp, min),
+        DType::I64 => run_int::<i64>(op, lp, min),
+    }
 }
 
 /// `out = alpha * x + y` elementwise (BLAS's axpy), `x` and `y` broadcast to `out.shape`;
@@ -149,12 +158,7 @@ pub unsafe fn axpy(alpha: f64, x: &TensorView, y: &TensorView, out: &TensorView)
             x.dtype, y.dtype, out.dtype
         ));
     }
-    let x_full = broadcast::try_broadcast_view(x, &out.shape).map_err(|e| format!("axpy: {e}"))?;
-    let y_full = broadcast::try_broadcast_view(y, &out.shape).map_err(|e| format!("axpy: {e}"))?;
-    if broadcast::has_repeated_elements(out) {
-        return Err("axpy: out has a stride-0 dimension (it names one element several times)".into());
-    }
-    let lp = StridedLoop::new([out, &x_full, &y_full]);
+    let lp = broadcast_loop("axpy", x, y, out)?;
     let min = crate::tuning::elementwise_parallel_min();
     fn run<T: FloatElement>(alpha: f64, lp: &StridedLoop<3>, min: usize) {
         let alpha = <T::R as Real>::c(alpha);
@@ -183,16 +187,8 @@ pub fn binary_lane_accepts(op: BinaryOp, dtype: DType) -> bool {
 /// its address.
 pub unsafe fn binary_contiguous(op: BinaryOp, dtype: DType, a: usize, b: usize, out: usize, len: usize) {
     debug_assert!(binary_lane_accepts(op, dtype));
-    let size = dtype.size();
-    let lp = StridedLoop::flat([out, a, b], [size; 3], len);
-    let min = op.parallel_min();
-    match dtype {
-        DType::F16 => run_float::<f16>(op, &lp, min),
-        DType::F32 => run_float::<f32>(op, &lp, min),
-        DType::F64 => run_float::<f64>(op, &lp, min),
-        DType::I32 => run_int::<i32>(op, &lp, min),
-        DType::I64 => run_int::<i64>(op, &lp, min),
-    }
+    let lp = StridedLoop::flat([out, a, b], [dtype.size(); 3], len);
+    run_loop(op, dtype, &lp, op.parallel_min());
 }
 
 /// Whether an integer view holds a negative element (read once each, before anything is

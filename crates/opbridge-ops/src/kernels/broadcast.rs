@@ -286,11 +286,7 @@ impl<const N: usize> StridedLoop<N> {
     pub fn run(&self, parallel_min: usize, f: impl Fn([usize; N], Strides<N>, usize) + Sync) {
         let n = self.numel;
         // Small walks (the usual call) decide without asking rayon for its pool.
-        if n < parallel_min {
-            self.for_each_run(0, n, f);
-            return;
-        }
-        let threads = rayon::current_num_threads();
+        let threads = if n < parallel_min { 1 } else { rayon::current_num_threads() };
         if threads < 2 {
             self.for_each_run(0, n, f);
             return;

@@ -176,7 +176,7 @@ pub unsafe fn reduce(op: ReduceOp, x: &TensorView, axis: Option<isize>, out: &Te
     let kept_dims = (0..ndim).filter(|&d| !reduced[d]).map(|d| x.shape[d]);
     let with_ones = (0..ndim).map(|d| if reduced[d] { 1 } else { x.shape[d] });
     // The stride of `out` along each dimension of `x` (0 along reduced dimensions).
-    let os: SmallVec<[isize; 8]> = if out.shape.len() == ndim && out.shape.iter().copied().eq(with_ones) {
+    let os: SmallVec<[isize; 8]> = if out.shape.iter().copied().eq(with_ones) {
         (0..ndim).map(|d| if reduced[d] { 0 } else { out.strides[d] }).collect()
     } else if out.shape.iter().copied().eq(kept_dims) {
         let mut kept = out.strides.iter();

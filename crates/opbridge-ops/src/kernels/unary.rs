@@ -815,16 +815,20 @@ pub unsafe fn unary(op: UnaryOp, x: &TensorView, out: &TensorView) -> Result<(),
     if broadcast::has_repeated_elements(out) {
         return Err(format!("{op}: out has a stride-0 dimension (it names one element several times)"));
     }
-    let lp = StridedLoop::new([out, &x]);
-    let min = op.parallel_min();
     // The loop's runs stay inside `out` and `x` (caller's contract), runs
     // are disjoint in `out`, and `out` is either disjoint from `x` or exactly `x`.
-    match out.dtype {
-        DType::F16 => run_float::<f16>(op, &lp, min),
-        DType::F32 => run_float::<f32>(op, &lp, min),
-        DType::F64 => run_float::<f64>(op, &lp, min),
-        DType::I32 => run_int::<i32>(op, &lp, min)?,
-        DType::I64 => run_int::<i64>(op, &lp, min)?,
+    run_loop(op, out.dtype, &StridedLoop::new([out, &x]), op.parallel_min())
+}
+
+/// Runs `op` over `lp` (`[out, x]`, both of `dtype`); int dtypes only for the ops that keep
+/// them (an error names the dtype to cast to).
+fn run_loop(op: UnaryOp, dtype: DType, lp: &StridedLoop<2>, min: usize) -> Result<(), String> {
+    match dtype {
+        DType::F16 => run_float::<f16>(op, lp, min),
+        DType::F32 => run_float::<f32>(op, lp, min),
+        DType::F64 => run_float::<f64>(op, lp, min),
+        DType::I32 => run_int::<i32>(op, lp, min)?,
+        DType::I64 => run_int::<i64>(op, lp, min)?,
     }
     Ok(())
 }
@@ -835,12 +839,12 @@ pub fn unary_lane_accepts(op: UnaryOp, dtype: DType) -> bool {
 }
 
 /// `out = op(x)` over `len` C-contiguous elements of `dtype`: the elementwise fast lane, with
-/// no views to analyze. Only for dtypes [`unary_lane_accepts`].
+/// no views to analyze. Errors as [`unary`] for dtypes that [`unary_lane_accepts`] refuses.
 ///
 /// # Safety
 /// `x` is readable and `out` writable for `len` aligned elements of `dtype`, nothing else
 /// writes them during the call, and `out` is either disjoint from `x` or equal to it.
-pub unsafe fn unary_contiguous(op: UnaryOp, dtype: DType, x: usize, out: usize, len: usize) {
+pub unsafe fn unary_contiguous(op: UnaryOp, dtype: DType, x: usize, out: usize, len: usize) -> Result<(), String> {
     // SAFETY: forwarded.
     unsafe { unary_contiguous_with_min(op, dtype, x, out, len, op.parallel_min()) }
 }
@@ -856,17 +860,9 @@ pub(crate) unsafe fn unary_contiguous_with_min(
     out: usize,
     len: usize,
     min: usize,
-) {
-    debug_assert!(unary_lane_accepts(op, dtype));
-    let lp = StridedLoop::flat([out, x], [dtype.size(); 2], len);
-    // The loop is one contiguous run split into chunks: `unary`'s contract for `run_float`.
-    match dtype {
-        DType::F16 => run_float::<f16>(op, &lp, min),
-        DType::F32 => run_float::<f32>(op, &lp, min),
-        DType::F64 => run_float::<f64>(op, &lp, min),
-        DType::I32 => run_int::<i32>(op, &lp, min).expect("the lane takes int dtypes only for int kernels"),
-        DType::I64 => run_int::<i64>(op, &lp, min).expect("the lane takes int dtypes only for int kernels"),
-    }
+) -> Result<(), String> {
+    // The loop is one contiguous run split into chunks: `unary`'s contract for `run_loop`.
+    run_loop(op, dtype, &StridedLoop::flat([out, x], [dtype.size(); 2], len), min)
 }
 
 /// Runs `f` over every run of `lp` (`[out, x]`).
