@@ -39,7 +39,7 @@ static int kernel(const DLTensor *in, int n_in, DLTensor *out, int n_out, const 
 
 static const char *const inputs[] = {"x"};
 static const DLDataType dtypes[] = {OPB_FLOAT64};
-static const OpbAttrDesc attrs[] = {{"k", OPB_ATTR_FLOAT, 0, 0, 2.0, "factor"}};
+static const OpbAttrDesc attrs[] = {{.name = "k", .kind = OPB_ATTR_FLOAT, .default_float = 2.0, .doc = "factor"}};
 static const OpbOpDesc ops[] = {{
   .name = "jit_scale", .version = 1, .doc = "x * k + OFFSET", .n_inputs = 1, .input_names = inputs,
   .n_outputs = 1, .n_attrs = 1, .attrs = attrs, .n_dtypes = 1, .dtypes = dtypes,

@@ -18,6 +18,8 @@ import opbridge as ob
 
 REPO = Path(__file__).resolve().parent.parent
 C_EXAMPLE = REPO / "examples" / "plugins" / "c" / "scale_add.c"
+# Every feature of plugin ABI 2 in one library (also built by crates/opbridge-ops/tests/plugin.rs).
+ABI2_FEATURES = REPO / "tests" / "plugins" / "abi2_features.c"
 RUST_EXAMPLE = REPO / "examples" / "plugins" / "rust" / "Cargo.toml"
 # Kept across runs so the Rust example compiles once (CI's cache of `target/` keeps it too).
 RUST_TARGET_DIR = REPO / "target" / "plugin-tests"
@@ -63,7 +65,7 @@ def loaded(plugin: Path) -> Iterator[ob.Library]:
 
 def test_get_include_ships_the_header() -> None:
     header = Path(ob.get_include()) / "opbridge" / "plugin.h"
-    assert "#define OPBRIDGE_PLUGIN_ABI_VERSION 1" in header.read_text()
+    assert "#define OPBRIDGE_PLUGIN_ABI_VERSION 2" in header.read_text()
     assert "opbridge_plugin_init" in header.read_text()
 
 
@@ -295,3 +297,154 @@ def test_op_attributes_follow_loads_and_unloads_under_threads(c_plugin: Path) ->
         stop.set()
         for t in readers:
             t.join()
+
+
+@pytest.fixture(scope="session")
+def abi2_plugin(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return cc(ABI2_FEATURES, tmp_path_factory.mktemp("abi2-plugin") / "libabi2_features.so")
+
+
+@pytest.fixture
+def abi2(abi2_plugin: Path) -> Iterator[ob.Library]:
+    with ob.load_library(abi2_plugin) as lib:
+        yield lib
+
+
+def combine_stats() -> tuple[int, int]:
+    """(calls of `combine`'s callbacks so far, whether its last kernel call wrote over `a`)."""
+    calls, in_place = ob.ops.combine_stats()
+    return int(calls), int(in_place)
+
+
+def test_abi2_library_loads_with_its_signature(abi2: ob.Library) -> None:
+    assert abi2.ops == [("combine", 1), ("combine", 2), ("combine_stats", 1)]
+    info = next(op for op in ob.list_ops() if op["name"] == "combine")
+    assert info["dtypes"] == ["float64", "int32"]
+    assert ob.ops.combine.schema["inputs"] == [("a", False), ("b", True)]
+    assert ob.ops.combine.signature == 'combine(a, b=None, *, mode="sum", offsets=[1, 2], scale=None, out=None)'
+    assert ob.ops.combine.signature in (ob.ops.combine.__doc__ or "")
+
+
+def test_abi2_string_list_and_none_attributes(abi2: ob.Library) -> None:
+    a, b = np.array([1.0, 5.0, -2.0]), np.array([4.0, 2.0, -3.0])
+    # Defaults: mode "sum", offsets [1, 2] in turn, scale None.
+    np.testing.assert_array_equal(ob.ops.combine(a, b), a + b + [1, 2, 1])
+    # The string chooses the behaviour; a value the library refuses is its typed error.
+    np.testing.assert_array_equal(ob.ops.combine(a, b, mode="max"), np.maximum(a, b) + [1, 2, 1])
+    with pytest.raises(ob.ArgumentError, match="mode must be"):
+        ob.ops.combine(a, b, mode="prod")
+    # Lists: any sequence of ints, empty too.
+    np.testing.assert_array_equal(ob.ops.combine(a, b, offsets=[10, 20, 30]), a + b + [10, 20, 30])
+    np.testing.assert_array_equal(ob.ops.combine(a, b, offsets=(7,)), a + b + 7)
+    np.testing.assert_array_equal(ob.ops.combine(a, b, offsets=[]), a + b)
+    # A DEFAULT_NONE int: None or a value.
+    np.testing.assert_array_equal(ob.ops.combine(a, b, scale=None), a + b + [1, 2, 1])
+    np.testing.assert_array_equal(ob.ops.combine(a, b, scale=3), (a + b + [1, 2, 1]) * 3)
+    # Repeated calls with changing strings and lists are all seen (the shape-function memo).
+    for mode in ["sum", "max", "sum", "max"]:
+        for offsets in ([1], [2], [1, 1]):
+            got = ob.ops.combine(a, b, mode=mode, offsets=offsets)
+            base = a + b if mode == "sum" else np.maximum(a, b)
+            np.testing.assert_array_equal(got, base + np.resize(offsets, 3))
+
+
+def test_abi2_optional_input(abi2: ob.Library) -> None:
+    a, b = np.array([1.0, 5.0, -2.0]), np.array([4.0, 2.0, -3.0])
+    with_b = ob.ops.combine(a, b, offsets=[])
+    np.testing.assert_array_equal(with_b, a + b)
+    np.testing.assert_array_equal(ob.ops.combine(a, b=b, offsets=[]), with_b)
+    # Left out, or passed as None: the library sees it absent (and counts it as 0).
+    np.testing.assert_array_equal(ob.ops.combine(a, offsets=[]), a)
+    np.testing.assert_array_equal(ob.ops.combine(a, None, offsets=[]), a)
+    np.testing.assert_array_equal(ob.ops.combine(a, b=None, mode="max", offsets=[]), np.maximum(a, 0))
+    with pytest.raises(TypeError, match='missing required tensor argument "a"'):
+        ob.ops.combine(None, b)
+    with pytest.raises(ob.ShapeError, match="b must have the shape of a"):
+        ob.ops.combine(a, np.ones(2))
+
+
+def test_abi2_input_dtypes_promote_int32_before_the_kernel(abi2: ob.Library) -> None:
+    # The kernel refuses anything but float64, so an int32 input reaching it would raise.
+    a = np.array([1, 2, 3], np.int32)
+    b = np.array([10.0, 20.0, 30.0])
+    out = ob.ops.combine(a, b, offsets=[])
+    assert out.dtype == np.float64
+    np.testing.assert_array_equal(out, [11.0, 22.0, 33.0])
+    np.testing.assert_array_equal(ob.ops.combine(a, a, offsets=[]), [2.0, 4.0, 6.0])
+    np.testing.assert_array_equal(ob.ops.combine(a, offsets=[], scale=2), [2.0, 4.0, 6.0])
+    assert a.dtype == np.int32 and list(a) == [1, 2, 3], "the caller's array is not converted in place"
+    with pytest.raises(ob.DTypeError, match="float64, int32"):
+        ob.ops.combine(np.ones(3, np.float32))
+
+
+def test_abi2_in_place_flag_lets_out_be_an_input(abi2: ob.Library) -> None:
+    a, b = np.array([1.0, 2.0, 3.0]), np.array([1.0, 1.0, 1.0])
+    # Version 2 is OPB_OP_IN_PLACE_OK: the kernel writes over `a` itself.
+    assert ob.ops.combine(a, b, offsets=[], out=a) is a
+    np.testing.assert_array_equal(a, [2.0, 3.0, 4.0])
+    assert combine_stats()[1] == 1
+    # Version 1 is not: opbridge computes aside and copies back; the kernel never sees `out` over `a`.
+    v1 = ob.ops.get("combine", version=1)
+    assert v1(a, b, offsets=[], out=a) is a
+    np.testing.assert_array_equal(a, [3.0, 4.0, 5.0])
+    assert combine_stats()[1] == 0
+    # A fresh output is not in place either.
+    ob.ops.combine(a, b)
+    assert combine_stats()[1] == 0
+
+
+@pytest.mark.parametrize(
+    ("attrs", "message"),
+    [
+        ({"offsets": "1, 2"}, "expected offsets to be a list of ints"),
+        ({"offsets": 1.5}, "expected offsets to be a list of ints"),
+        ({"mode": None}, "expected mode to be a string, got None"),
+        ({"mode": [1, 2]}, "expected mode to be a string"),
+        ({"scale": 2.5}, "expected scale to be an int or None"),
+        ({"scale": "2"}, "expected scale to be an int or None"),
+    ],
+)
+def test_abi2_wrong_kind_attributes_raise_before_the_library_runs(
+    abi2: ob.Library, attrs: dict[str, object], message: str
+) -> None:
+    a = np.ones(3)
+    calls = combine_stats()[0]
+    with pytest.raises(ob.ArgumentError, match=message):
+        ob.ops.combine(a, **attrs)
+    with pytest.raises(ob.ArgumentError, match=message):
+        ob.ops.combine(a, a, **attrs, out=np.empty(3))
+    assert combine_stats()[0] == calls, "a callback of the library ran"
+
+
+def test_abi2_malformed_new_fields_are_load_errors(tmp_path: Path) -> None:
+    source = ABI2_FEATURES.read_text()
+    scale = ".flags = OPB_ATTR_DEFAULT_NONE, .doc = \"factor of the result, or None\""
+    offsets = ".n_default_ints = 2,"
+    cases = {
+        "attr_flags": (scale, scale.replace("OPB_ATTR_DEFAULT_NONE", "OPB_ATTR_DEFAULT_NONE | 16"),
+                       'attribute "scale": unknown flags 0x10'),
+        "required_none": (scale, scale.replace("OPB_ATTR_DEFAULT_NONE", "OPB_ATTR_DEFAULT_NONE | OPB_ATTR_REQUIRED"),
+                          'attribute "scale": OPB_ATTR_REQUIRED and OPB_ATTR_DEFAULT_NONE contradict each other'),
+        "many_ints": (offsets, ".n_default_ints = 65,", 'attribute "offsets": n_default_ints is 65; expected 0 to 64'),
+        "op_flags": ("COMBINE(2, OPB_OP_IN_PLACE_OK)", "COMBINE(2, OPB_OP_IN_PLACE_OK | 8)",
+                     'operator "combine": unknown operator flags 0x8'),
+    }
+    for name, (old, new, message) in cases.items():
+        assert old in source, old
+        src = tmp_path / f"{name}.c"
+        src.write_text(source.replace(old, new))
+        with pytest.raises(ob.OpBridgeError, match="malformed descriptor ops") as info:
+            ob.load_library(cc(src, tmp_path / f"lib{name}.so"))
+        assert message in str(info.value)
+        assert all(op["name"] != "combine" for op in ob.list_ops())
+
+
+def test_a_library_built_for_abi_1_is_refused(tmp_path: Path) -> None:
+    old = tmp_path / "abi1.c"
+    old.write_text(
+        "#include <opbridge/plugin.h>\n"
+        "OPB_EXPORT int opbridge_plugin_init(const OpbPluginHost *h, OpbPluginInfo *info) {\n"
+        "  (void)h; info->abi_version = 1; return OPB_OK; }\n"
+    )
+    with pytest.raises(ob.OpBridgeError, match="built for plugin ABI 1, this opbridge speaks 2.*rebuild"):
+        ob.load_library(cc(old, tmp_path / "libabi1.so"))

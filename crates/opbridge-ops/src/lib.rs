@@ -5,6 +5,7 @@
 mod builtins;
 pub mod error;
 pub mod kernels;
+pub mod native;
 pub mod plugin;
 pub mod registry;
 pub mod schema;
@@ -14,7 +15,7 @@ pub mod view;
 
 pub use error::{OpError, Result};
 pub use kernels::elementwise::{Alias, PARALLEL_MIN_ELEMS};
-pub use registry::{Entry, OpBuilder, Operator, Registry, Source};
+pub use registry::{Entry, Operator, Registry, Source};
 pub use schema::{AttrValue, Attrs, Meta, Schema};
 pub use tensor_ops::{contiguous, copy_tensor, matmul, vector_add};
 pub use view::TensorView;

@@ -11,13 +11,14 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
 use opbridge_runtime::{DType, DeviceKind};
 
 use crate::error::{OpError, Result};
-use crate::schema::{AttrSpec, AttrValue, Attrs, InputSpec, Meta, Schema};
+use crate::schema::{Attrs, Meta, Schema};
 use crate::view::TensorView;
 
 /// An operator: a schema, a shape/dtype function, and kernels per device.
 ///
-/// Built-in operators and plugin operators implement the same trait; most are made with
-/// [`OpBuilder`], which fills in the boilerplate.
+/// Built-in operators and plugin operators implement the same trait, through the same adapters:
+/// an operator written with the plugin SDK's `Op` trait becomes one in-process with
+/// [`crate::native`] (every built-in) or through the C ABI with [`crate::plugin::Library`].
 pub trait Operator: Send + Sync {
     fn schema(&self) -> &Schema;
 
@@ -76,198 +77,6 @@ pub struct Lane {
 impl fmt::Debug for Lane {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("Lane")
-    }
-}
-
-type InferFn = dyn Fn(&[Option<Meta>], &Attrs) -> Result<Vec<Meta>> + Send + Sync;
-type CastFn = dyn Fn(&[Option<Meta>], &Attrs) -> Result<Vec<Option<DType>>> + Send + Sync;
-type KernelFn = dyn Fn(&[Option<TensorView>], &[TensorView], &Attrs) -> Result<()> + Send + Sync;
-
-/// An operator assembled from closures by [`OpBuilder`].
-pub struct OpDef {
-    schema: Schema,
-    infer: Box<InferFn>,
-    cast: Option<Box<CastFn>>,
-    cpu: Box<KernelFn>,
-    in_place_ok: bool,
-    lane: Option<Lane>,
-}
-
-impl fmt::Debug for OpDef {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "OpDef({} v{})", self.schema.name, self.schema.version)
-    }
-}
-
-impl Operator for OpDef {
-    fn schema(&self) -> &Schema {
-        &self.schema
-    }
-
-    fn input_dtypes(&self, inputs: &[Option<Meta>], attrs: &Attrs) -> Result<Vec<Option<DType>>> {
-        match &self.cast {
-            Some(cast) => cast(inputs, attrs),
-            None => Ok(inputs.iter().map(|m| m.as_ref().map(|m| m.dtype)).collect()),
-        }
-    }
-
-    fn infer(&self, inputs: &[Option<Meta>], attrs: &Attrs) -> Result<Vec<Meta>> {
-        (self.infer)(inputs, attrs)
-    }
-
-    fn run_cpu(&self, inputs: &[Option<TensorView>], outputs: &[TensorView], attrs: &Attrs) -> Result<()> {
-        (self.cpu)(inputs, outputs, attrs)
-    }
-
-    fn in_place_ok(&self) -> bool {
-        self.in_place_ok
-    }
-
-    fn lane(&self) -> Option<&Lane> {
-        self.lane.as_ref()
-    }
-}
-
-/// Declares an operator in a few lines; `build` refuses an incomplete declaration.
-///
-/// ```
-/// use opbridge_ops::registry::OpBuilder;
-/// use opbridge_ops::schema::Meta;
-/// use opbridge_runtime::DType;
-///
-/// let op = OpBuilder::new("identity_shape", 1)
-///     .doc("Returns an array of the input's shape (example).")
-///     .input("x")
-///     .dtypes(&[DType::F32])
-///     .infer(|inputs, _| Ok(vec![inputs[0].clone().unwrap()]))
-///     .cpu(|_, _, _| Ok(()))
-///     .build()
-///     .unwrap();
-/// ```
-#[must_use]
-pub struct OpBuilder {
-    schema: Schema,
-    infer: Option<Box<InferFn>>,
-    cast: Option<Box<CastFn>>,
-    cpu: Option<Box<KernelFn>>,
-    in_place_ok: bool,
-    lane: Option<Lane>,
-}
-
-impl fmt::Debug for OpBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "OpBuilder({} v{})", self.schema.name, self.schema.version)
-    }
-}
-
-impl OpBuilder {
-    pub fn new(name: &str, version: u32) -> OpBuilder {
-        OpBuilder {
-            schema: Schema {
-                name: name.to_string(),
-                version,
-                doc: String::new(),
-                inputs: Vec::new(),
-                outputs: Vec::new(),
-                attrs: Vec::new(),
-                dtypes: DType::ALL.to_vec(),
-                shared: Default::default(),
-            },
-            infer: None,
-            cast: None,
-            cpu: None,
-            in_place_ok: false,
-            lane: None,
-        }
-    }
-
-    pub fn doc(mut self, doc: &str) -> Self {
-        self.schema.doc = doc.trim().to_string();
-        self
-    }
-
-    pub fn input(mut self, name: &str) -> Self {
-        self.schema.inputs.push(InputSpec { name: name.into(), optional: false });
-        self
-    }
-
-    pub fn optional_input(mut self, name: &str) -> Self {
-        self.schema.inputs.push(InputSpec { name: name.into(), optional: true });
-        self
-    }
-
-    pub fn output(mut self, name: &str) -> Self {
-        self.schema.outputs.push(name.into());
-        self
-    }
-
-    /// An attribute; `default: None` makes it required.
-    pub fn attr(mut self, name: &str, default: Option<AttrValue>, doc: &str) -> Self {
-        self.schema.attrs.push(AttrSpec { name: name.into(), default, doc: doc.into() });
-        self
-    }
-
-    pub fn dtypes(mut self, dtypes: &[DType]) -> Self {
-        self.schema.dtypes = dtypes.to_vec();
-        self
-    }
-
-    pub fn infer(mut self, f: impl Fn(&[Option<Meta>], &Attrs) -> Result<Vec<Meta>> + Send + Sync + 'static) -> Self {
-        self.infer = Some(Box::new(f));
-        self
-    }
-
-    pub fn cast(
-        mut self,
-        f: impl Fn(&[Option<Meta>], &Attrs) -> Result<Vec<Option<DType>>> + Send + Sync + 'static,
-    ) -> Self {
-        self.cast = Some(Box::new(f));
-        self
-    }
-
-    pub fn cpu(
-        mut self,
-        f: impl Fn(&[Option<TensorView>], &[TensorView], &Attrs) -> Result<()> + Send + Sync + 'static,
-    ) -> Self {
-        self.cpu = Some(Box::new(f));
-        self
-    }
-
-    pub fn in_place_ok(mut self) -> Self {
-        self.in_place_ok = true;
-        self
-    }
-
-    /// The elementwise fast lane (see [`Lane`]).
-    pub fn lane(
-        mut self,
-        accepts: impl Fn(DType) -> bool + Send + Sync + 'static,
-        run: impl Fn(DType, &[usize], usize, usize) -> Result<()> + Send + Sync + 'static,
-    ) -> Self {
-        self.lane = Some(Lane { accepts: Box::new(accepts), run: Box::new(run) });
-        self
-    }
-
-    pub fn build(mut self) -> Result<OpDef> {
-        let name = self.schema.name.clone();
-        let invalid = |message: &str| OpError::InvalidOperator { name: name.clone(), message: message.into() };
-        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-            return Err(invalid("names are ASCII letters, digits and '_'"));
-        }
-        if self.schema.version == 0 {
-            return Err(invalid("versions start at 1"));
-        }
-        if self.schema.outputs.is_empty() {
-            self.schema.outputs.push("out".into());
-        }
-        Ok(OpDef {
-            infer: self.infer.ok_or_else(|| invalid("no shape function (infer)"))?,
-            cpu: self.cpu.ok_or_else(|| invalid("no CPU kernel"))?,
-            cast: self.cast,
-            in_place_ok: self.in_place_ok,
-            lane: self.lane,
-            schema: self.schema,
-        })
     }
 }
 

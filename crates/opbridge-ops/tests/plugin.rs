@@ -88,8 +88,8 @@ static int kernel(const DLTensor *in, int n_in, DLTensor *out, int n_out, const 
 static const char *const inputs[] = {{"a"}};
 static const DLDataType dtypes[] = {{OPB_FLOAT32}};
 static const OpbAttrDesc attrs[] = {{
-  {{"k", OPB_ATTR_INT, 0, {bias}, 0.0, "added to every element"}},
-  {{"slow", OPB_ATTR_BOOL, 0, 0, 0.0, "sleep 300 ms in the kernel"}},
+  {{.name = "k", .kind = OPB_ATTR_INT, .default_int = {bias}, .doc = "added to every element"}},
+  {{.name = "slow", .kind = OPB_ATTR_BOOL, .doc = "sleep 300 ms in the kernel"}},
 }};
 static OpbOpDesc ops[] = {{{{
   .name = "{name}", .version = {version}, .doc = "a + k", .n_inputs = 1, .input_names = inputs,
@@ -272,13 +272,23 @@ fn a_library_without_the_entry_point_is_an_error() {
 
 #[test]
 fn abi_version_mismatch_is_an_error() {
-    let init = "info->abi_version = 2; return OPB_ERR_ABI_MISMATCH;";
-    let message = load_err(&shared_library(&fixture("abi_two", 1, 0, "", Some(init)), "abi_two"));
-    assert!(message.contains("ABI version mismatch: the library was built for plugin ABI 2, this opbridge speaks 1"));
+    // A library built for ABI 1 (whose descriptors have another layout): refused before its
+    // descriptors are read.
+    let init = "info->abi_version = 1; return OPB_ERR_ABI_MISMATCH;";
+    let message = load_err(&shared_library(&fixture("abi_one", 1, 0, "", Some(init)), "abi_one"));
+    assert!(
+        message.contains("ABI version mismatch: the library was built for plugin ABI 1, this opbridge speaks 2"),
+        "{message}"
+    );
+    assert!(message.contains("rebuild it"), "{message}");
+    // Even one that returns OPB_OK.
+    let init = "info->abi_version = 1; info->n_ops = 1; info->ops = ops; return OPB_OK;";
+    let message = load_err(&shared_library(&fixture("abi_one_ok", 1, 0, "", Some(init)), "abi_one_ok"));
+    assert!(message.contains("built for plugin ABI 1"), "{message}");
     // A library that forgets to set its version at all.
     let message = load_err(&shared_library(&fixture("abi_unset", 1, 0, "", Some("return OPB_OK;")), "abi_unset"));
     assert!(message.contains("built for plugin ABI 0"), "{message}");
-    assert!(!registered("abi_two") && !registered("abi_unset"));
+    assert!(!registered("abi_one") && !registered("abi_one_ok") && !registered("abi_unset"));
 }
 
 #[test]
@@ -290,7 +300,7 @@ fn a_failing_init_is_an_error_with_its_message() {
 
 #[test]
 fn malformed_descriptors_are_errors() {
-    let cases: [(&str, &str, &str); 12] = [
+    let cases: &[(&str, &str, &str)] = &[
         ("null_name", ".name = 0", "operator name is NULL"),
         ("bad_name", ".name = \"has space\"", "is not an identifier"),
         ("zero_version", ".version = 0", "version is 0"),
@@ -301,10 +311,52 @@ fn malformed_descriptors_are_errors() {
         ("null_inputs_names", ".input_names = (const char *const[]){0}", "input_names[0] is NULL"),
         ("no_infer", ".infer = 0", "no shape function"),
         ("no_kernel", ".cpu_kernel = 0", "no CPU kernel"),
-        ("bad_attr_kind", ".attrs = (const OpbAttrDesc[]){{\"k\", 7}, {\"slow\", 2}}", "has kind 7"),
-        ("dup_attr", ".attrs = (const OpbAttrDesc[]){{\"k\", 0}, {\"k\", 2}}", "\"k\" is used twice"),
+        (
+            "bad_attr_kind",
+            ".attrs = (const OpbAttrDesc[]){{.name = \"k\", .kind = 7}, {.name = \"slow\", .kind = OPB_ATTR_BOOL}}",
+            "attribute \"k\": kind 7; expected 0 (int), 1 (float), 2 (bool), 3 (str) or 4 (ints)",
+        ),
+        (
+            "dup_attr",
+            ".attrs = (const OpbAttrDesc[]){{.name = \"k\", .kind = OPB_ATTR_INT}, \
+             {.name = \"k\", .kind = OPB_ATTR_BOOL}}",
+            "\"k\" is used twice",
+        ),
+        // ABI 2's fields.
+        (
+            "unknown_attr_flags",
+            ".attrs = (const OpbAttrDesc[]){{.name = \"k\", .flags = 8 | OPB_ATTR_NULLABLE}, \
+             {.name = \"slow\", .kind = 2}}",
+            "attribute \"k\": unknown flags 0x8",
+        ),
+        (
+            "required_default_none",
+            ".attrs = (const OpbAttrDesc[]){{.name = \"k\", .flags = OPB_ATTR_REQUIRED | OPB_ATTR_DEFAULT_NONE}, \
+             {.name = \"slow\", .kind = 2}}",
+            "attribute \"k\": OPB_ATTR_REQUIRED and OPB_ATTR_DEFAULT_NONE contradict each other",
+        ),
+        (
+            "many_default_ints",
+            ".attrs = (const OpbAttrDesc[]){{.name = \"k\", .kind = OPB_ATTR_INTS, .n_default_ints = 65, \
+             .default_ints = (const int64_t[65]){0}}, {.name = \"slow\", .kind = 2}}",
+            "attribute \"k\": n_default_ints is 65; expected 0 to 64",
+        ),
+        (
+            "negative_default_ints",
+            ".attrs = (const OpbAttrDesc[]){{.name = \"k\", .kind = OPB_ATTR_INTS, .n_default_ints = -1}, \
+             {.name = \"slow\", .kind = 2}}",
+            "attribute \"k\": n_default_ints is -1; expected 0 to 64",
+        ),
+        (
+            "null_default_ints",
+            ".attrs = (const OpbAttrDesc[]){{.name = \"k\", .kind = OPB_ATTR_INTS, .n_default_ints = 2}, \
+             {.name = \"slow\", .kind = 2}}",
+            "default_ints is NULL but 2 are declared",
+        ),
+        ("unknown_op_flags", ".flags = 6", "unknown operator flags 0x6"),
+        ("reserved_set", ".reserved = {(void *)1}", "reserved fields must be NULL"),
     ];
-    for (name, extra, want) in cases {
+    for &(name, extra, want) in cases {
         // Later designated initializers override the fixture's.
         let source = fixture(name, 1, 0, extra, None);
         let path = scratch_dir().join(format!("lib{name}.so"));
@@ -314,8 +366,12 @@ fn malformed_descriptors_are_errors() {
         assert!(!registered(name), "{name} stayed registered");
     }
     for (name, init, want) in [
-        ("zero_ops", "info->abi_version = 1; info->n_ops = 0; info->ops = ops; return 0;", "n_ops is 0"),
-        ("null_ops", "info->abi_version = 1; info->n_ops = 1; return 0;", "ops is NULL"),
+        (
+            "zero_ops",
+            "info->abi_version = OPBRIDGE_PLUGIN_ABI_VERSION; info->n_ops = 0; info->ops = ops; return 0;",
+            "n_ops is 0",
+        ),
+        ("null_ops", "info->abi_version = OPBRIDGE_PLUGIN_ABI_VERSION; info->n_ops = 1; return 0;", "ops is NULL"),
     ] {
         let message = load_err(&shared_library(&fixture(name, 1, 0, "", Some(init)), name));
         assert!(message.contains(want), "{name}: {message}");
@@ -326,7 +382,7 @@ fn malformed_descriptors_are_errors() {
 fn duplicates_are_errors_and_nothing_stays_registered() {
     // Two ops: `dup_ok` v1 (fine) and `vector_add` v1 (a built-in).
     let init = "static OpbOpDesc two[2]; two[0] = ops[0]; two[1] = ops[0]; two[1].name = \"vector_add\";
-                info->abi_version = 1; info->n_ops = 2; info->ops = two; return 0;";
+                info->abi_version = OPBRIDGE_PLUGIN_ABI_VERSION; info->n_ops = 2; info->ops = two; return 0;";
     let message = load_err(&shared_library(&fixture("dup_ok", 1, 0, "", Some(init)), "dup_builtin"));
     assert!(message.contains("\"vector_add\" version 1 is already registered (from built-in)"), "{message}");
     assert!(!registered("dup_ok"), "the first op of a failed load stayed registered");
@@ -334,7 +390,7 @@ fn duplicates_are_errors_and_nothing_stays_registered() {
 
     // The same name + version twice in one library.
     let init = "static OpbOpDesc two[2]; two[0] = ops[0]; two[1] = ops[0];
-                info->abi_version = 1; info->n_ops = 2; info->ops = two; return 0;";
+                info->abi_version = OPBRIDGE_PLUGIN_ABI_VERSION; info->n_ops = 2; info->ops = two; return 0;";
     let message = load_err(&shared_library(&fixture("dup_self", 1, 0, "", Some(init)), "dup_self"));
     assert!(message.contains("declares operator \"dup_self\" version 1 twice"), "{message}");
 
@@ -440,9 +496,11 @@ fn reloading_a_rebuilt_file_at_the_same_path_runs_the_new_code() {
 
 #[test]
 fn repeated_shape_function_calls_see_every_change_of_inputs_and_attributes() {
-    // `out` has `k` more elements than `a` and counts how often the shape function ran in its
-    // second dimension: the host may skip a repeated call, never one whose arguments changed.
+    // `out` has `k` more elements than `a` (plus the length of `s`, the sum of `v`, and 100
+    // unless `n` is None) and counts how often the shape function ran in its second
+    // dimension: the host may skip a repeated call, never one whose arguments changed.
     let source = r#"
+#include <string.h>
 #include <opbridge/plugin.h>
 static int calls = 0;
 static int infer(const OpbMeta *in, int n_in, OpbMeta *out, int n_out, const OpbAttrs *attrs, char *err, size_t len) {
@@ -450,7 +508,9 @@ static int infer(const OpbMeta *in, int n_in, OpbMeta *out, int n_out, const Opb
   calls++;
   out[0] = in[0];
   out[0].ndim = 2;
-  out[0].shape[0] = in[0].shape[0] + opb_attr(attrs, "k")->i;
+  const OpbAttrValue *s = opb_attr(attrs, "s"), *v = opb_attr(attrs, "v"), *n = opb_attr(attrs, "n");
+  out[0].shape[0] = in[0].shape[0] + opb_attr(attrs, "k")->i + (int64_t)strlen(s->s) + (n->is_none ? 0 : 100);
+  for (int64_t i = 0; i < v->n_ints; i++) out[0].shape[0] += v->ints[i];
   out[0].shape[1] = calls;
   return OPB_OK;
 }
@@ -461,10 +521,15 @@ static int kernel(const DLTensor *in, int n_in, DLTensor *out, int n_out, const 
 }
 static const char *const inputs[] = {"a"};
 static const DLDataType dtypes[] = {OPB_FLOAT32, OPB_FLOAT64};
-static const OpbAttrDesc attrs[] = {{"k", OPB_ATTR_INT, 0, 0, 0.0, "extra elements"}};
+static const OpbAttrDesc attrs[] = {
+  {.name = "k", .kind = OPB_ATTR_INT, .doc = "extra elements"},
+  {.name = "s", .kind = OPB_ATTR_STR, .doc = "as many extra elements as it has bytes"},
+  {.name = "v", .kind = OPB_ATTR_INTS, .doc = "their sum in extra elements"},
+  {.name = "n", .kind = OPB_ATTR_INT, .flags = OPB_ATTR_DEFAULT_NONE, .doc = "100 extra elements unless None"},
+};
 static OpbOpDesc ops[] = {{
   .name = "plug_memo", .version = 1, .n_inputs = 1, .input_names = inputs, .n_outputs = 1,
-  .n_attrs = 1, .attrs = attrs, .n_dtypes = 2, .dtypes = dtypes, .infer = infer, .cpu_kernel = kernel,
+  .n_attrs = 4, .attrs = attrs, .n_dtypes = 2, .dtypes = dtypes, .infer = infer, .cpu_kernel = kernel,
 }};
 OPB_EXPORT int opbridge_plugin_init(const OpbPluginHost *host, OpbPluginInfo *info) {
   info->abi_version = OPBRIDGE_PLUGIN_ABI_VERSION;
@@ -474,11 +539,12 @@ OPB_EXPORT int opbridge_plugin_init(const OpbPluginHost *host, OpbPluginInfo *in
 "#;
     let lib = Library::load(shared_library(source, "plug_memo")).unwrap();
     let entry = Registry::global().get("plug_memo", None).unwrap();
-    let infer = |dtype: DType, n: usize, k: i64| {
-        let attrs = entry.schema().bind_attrs([("k", AttrValue::Int(k))]).unwrap();
+    let infer_with = |dtype: DType, n: usize, attrs: &[(&str, AttrValue)]| {
+        let attrs = entry.schema().bind_attrs(attrs.iter().map(|(n, v)| (*n, v.clone()))).unwrap();
         let out = entry.op.infer(&[Some(Meta::new(dtype, &[n]))], &attrs).unwrap();
         (out[0].shape[0], out[0].shape[1])
     };
+    let infer = |dtype: DType, n: usize, k: i64| infer_with(dtype, n, &[("k", AttrValue::Int(k))]);
     // (length, calls so far): a repeat keeps the count, any change runs the function again.
     assert_eq!(infer(DType::F32, 4, 1), (5, 1));
     assert_eq!(infer(DType::F32, 4, 1), (5, 1));
@@ -487,5 +553,155 @@ OPB_EXPORT int opbridge_plugin_init(const OpbPluginHost *host, OpbPluginInfo *in
     assert_eq!(infer(DType::F64, 7, 2), (9, 4));
     assert_eq!(infer(DType::F64, 7, 2), (9, 4));
     assert_eq!(infer(DType::F32, 4, 1), (5, 5));
+    // Strings, lists and None are part of the key too.
+    let s = |text: &str| ("s", AttrValue::Str(text.into()));
+    let v = |list: &[i64]| ("v", AttrValue::Ints(list.to_vec()));
+    assert_eq!(infer_with(DType::F32, 4, &[s("ab")]), (6, 6));
+    assert_eq!(infer_with(DType::F32, 4, &[s("ab")]), (6, 6));
+    assert_eq!(infer_with(DType::F32, 4, &[s("ba")]), (6, 7));
+    assert_eq!(infer_with(DType::F32, 4, &[v(&[1, 2])]), (7, 8));
+    assert_eq!(infer_with(DType::F32, 4, &[v(&[1, 2])]), (7, 8));
+    assert_eq!(infer_with(DType::F32, 4, &[v(&[2, 1])]), (7, 9));
+    assert_eq!(infer_with(DType::F32, 4, &[v(&[2, 1, 0])]), (7, 10));
+    assert_eq!(infer_with(DType::F32, 4, &[("n", AttrValue::Int(0))]), (104, 11));
+    assert_eq!(infer_with(DType::F32, 4, &[("n", AttrValue::Int(0))]), (104, 11));
+    assert_eq!(infer_with(DType::F32, 4, &[("n", AttrValue::None)]), (4, 12));
+    assert_eq!(infer_with(DType::F32, 4, &[]), (4, 12));
+    lib.unload().unwrap();
+}
+
+/// `tests/plugins/abi2_features.c`: every feature ABI 2 added (string, list and None-able
+/// attributes, an optional input, the input-dtype callback, the in-place flag), end to end.
+fn abi2_features() -> PathBuf {
+    let source =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/plugins/abi2_features.c"))
+            .unwrap();
+    shared_library(&source, "abi2_features")
+}
+
+/// Held by the tests that load `abi2_features` (its operator names are registered globally).
+static ABI2_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// A 1-D tensor's view and the buffer it points into (kept alive by the caller).
+fn view_f64(data: &[f64]) -> TensorView {
+    TensorView::contiguous(data.as_ptr() as usize, DType::F64, &[data.len()])
+}
+
+/// `[callback calls so far, whether the last kernel call wrote over its input]`.
+fn combine_stats() -> [f64; 2] {
+    let entry = Registry::global().get("combine_stats", None).unwrap();
+    let attrs = entry.schema().bind_attrs(Vec::<(&str, AttrValue)>::new()).unwrap();
+    assert_eq!(entry.op.infer(&[], &attrs).unwrap(), vec![Meta::new(DType::F64, &[2])]);
+    let mut out = [0f64; 2];
+    let view = TensorView::contiguous(out.as_mut_ptr() as usize, DType::F64, &[2]);
+    entry.op.run_cpu(&[], &[view], &attrs).unwrap();
+    out
+}
+
+/// `combine` (latest version) through the registry as the bindings call it: input dtypes,
+/// shape function, then the kernel on float64 data (int32 inputs are converted here, as the
+/// bindings would, after checking that the library asked for it).
+fn combine(a: &[f64], b: Option<&[f64]>, int32: bool, attrs: &[(&str, AttrValue)]) -> Result<Vec<f64>, OpError> {
+    let entry = Registry::global().get("combine", None)?;
+    let attrs = entry.schema().bind_attrs(attrs.iter().map(|(n, v)| (*n, v.clone())))?;
+    let given = if int32 { DType::I32 } else { DType::F64 };
+    let metas = [Some(Meta::new(given, &[a.len()])), b.map(|b| Meta::new(given, &[b.len()]))];
+    let wanted = entry.op.input_dtypes(&metas, &attrs)?;
+    assert_eq!(wanted, vec![Some(DType::F64), b.map(|_| DType::F64)], "int32 is promoted, float64 kept");
+    assert_eq!(entry.op.infer(&metas, &attrs)?, vec![Meta::new(DType::F64, &[a.len()])]);
+    let mut out = vec![0f64; a.len()];
+    let output = TensorView::contiguous(out.as_mut_ptr() as usize, DType::F64, &[a.len()]);
+    entry.op.run_cpu(&[Some(view_f64(a)), b.map(view_f64)], &[output], &attrs)?;
+    Ok(out)
+}
+
+#[test]
+fn every_abi2_feature_works_end_to_end() {
+    let _serial = ABI2_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let lib = Library::load(abi2_features()).unwrap();
+    assert_eq!(lib.name(), Some("abi2_features"));
+    let v2 = Registry::global().get("combine", None).unwrap();
+    assert_eq!(v2.schema().version, 2);
+    assert_eq!(v2.schema().signature(), "combine(a, b=None, *, mode=\"sum\", offsets=[1, 2], scale=None, out=None)");
+    assert!(v2.op.in_place_ok(), "version 2 is flagged OPB_OP_IN_PLACE_OK");
+    assert!(!Registry::global().get("combine", Some(1)).unwrap().op.in_place_ok());
+
+    let a = [1.0, 5.0, -2.0];
+    let b = [4.0, 2.0, -3.0];
+    let none: &[(&str, AttrValue)] = &[];
+    // Defaults: mode "sum", offsets [1, 2] in turn, no scale.
+    assert_eq!(combine(&a, Some(&b), false, none).unwrap(), [6.0, 9.0, -4.0]);
+    // A string attribute chooses the behaviour; an unknown one is the library's typed error.
+    let max = ("mode", AttrValue::Str("max".into()));
+    assert_eq!(combine(&a, Some(&b), false, std::slice::from_ref(&max)).unwrap(), [5.0, 7.0, -1.0]);
+    let bad = combine(&a, Some(&b), false, &[("mode", AttrValue::Str("prod".into()))]).unwrap_err();
+    assert!(matches!(&bad, OpError::Argument { message, .. } if message.contains("mode must be")), "{bad:?}");
+    // A list attribute, empty or not.
+    assert_eq!(combine(&a, Some(&b), false, &[("offsets", AttrValue::Ints(vec![]))]).unwrap(), [5.0, 7.0, -5.0]);
+    let offsets = ("offsets", AttrValue::Ints(vec![10, 20, 30]));
+    assert_eq!(combine(&a, Some(&b), false, &[offsets]).unwrap(), [15.0, 27.0, 25.0]);
+    // A DEFAULT_NONE int: None (the default, or passed) or a value.
+    let scaled = combine(&a, Some(&b), false, &[("scale", AttrValue::Int(2))]).unwrap();
+    assert_eq!(scaled, [12.0, 18.0, -8.0]);
+    assert_eq!(combine(&a, Some(&b), false, &[("scale", AttrValue::None)]).unwrap(), [6.0, 9.0, -4.0]);
+    // The optional input left out reaches the shape function and the kernel as absent.
+    assert_eq!(combine(&a, None, false, none).unwrap(), [2.0, 7.0, -1.0]);
+    assert_eq!(combine(&a, None, false, &[max]).unwrap(), [2.0, 7.0, 1.0]);
+    // int32 inputs: the library asks for float64 (checked in `combine`) and its kernel refuses
+    // anything else, so an int32 view reaching it is an error.
+    assert_eq!(combine(&a, Some(&b), true, none).unwrap(), [6.0, 9.0, -4.0]);
+    let ints = [1i32, 2, 3];
+    let int_view = TensorView::contiguous(ints.as_ptr() as usize, DType::I32, &[3]);
+    let attrs = v2.schema().bind_attrs(Vec::<(&str, AttrValue)>::new()).unwrap();
+    let mut out = [0f64; 3];
+    let out_view = TensorView::contiguous(out.as_mut_ptr() as usize, DType::F64, &[3]);
+    let unconverted = v2.op.run_cpu(&[Some(int_view), None], std::slice::from_ref(&out_view), &attrs).unwrap_err();
+    assert!(matches!(&unconverted, OpError::DType { got, .. } if got.contains("not float64")), "{unconverted:?}");
+
+    // In place: the output is exactly the first input.
+    let mut data = [1.0, 2.0, 3.0];
+    let view = TensorView::contiguous(data.as_mut_ptr() as usize, DType::F64, &[3]);
+    v2.op.run_cpu(&[Some(view.clone()), None], std::slice::from_ref(&view), &attrs).unwrap();
+    assert_eq!(data, [2.0, 4.0, 4.0]);
+    assert_eq!(combine_stats()[1], 1.0, "the kernel saw its output over its input");
+    combine(&a, None, false, none).unwrap();
+    assert_eq!(combine_stats()[1], 0.0);
+
+    // A required input left out is refused before the library is called.
+    let missing = v2.op.infer(&[None, Some(Meta::new(DType::F64, &[3]))], &attrs).unwrap_err();
+    assert!(matches!(&missing, OpError::Argument { message, .. } if message.contains("\"a\" is required")));
+    lib.unload().unwrap();
+}
+
+#[test]
+fn attribute_values_of_the_wrong_kind_never_reach_the_library() {
+    let _serial = ABI2_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let lib = Library::load(abi2_features()).unwrap();
+    let a = [1.0, 2.0];
+    let calls = combine_stats()[0];
+    for (attrs, want) in [
+        (vec![("offsets", AttrValue::Str("1, 2".into()))], "expected offsets to be a list of ints, got \"1, 2\""),
+        (vec![("offsets", AttrValue::Float(1.0))], "expected offsets to be a list of ints"),
+        (vec![("mode", AttrValue::None)], "expected mode to be a string, got None"),
+        (vec![("mode", AttrValue::Ints(vec![1]))], "expected mode to be a string"),
+        (vec![("scale", AttrValue::Float(2.5))], "expected scale to be an int or None, got 2.5"),
+        (vec![("scale", AttrValue::Str("2".into()))], "expected scale to be an int or None"),
+    ] {
+        let error = combine(&a, None, false, &attrs).unwrap_err();
+        assert!(
+            matches!(&error, OpError::InvalidAttribute { op, message } if op == "combine" && message.contains(want)),
+            "{attrs:?}: {error:?}"
+        );
+        let entry = Registry::global().get("combine", None).unwrap();
+        let bound = entry.schema().bind_attrs(attrs.iter().map(|(n, v)| (*n, v.clone()))).unwrap();
+        let mut out = [0f64; 2];
+        let out_view = TensorView::contiguous(out.as_mut_ptr() as usize, DType::F64, &[2]);
+        let run = entry.op.run_cpu(&[Some(view_f64(&a)), None], &[out_view], &bound).unwrap_err();
+        assert!(matches!(run, OpError::InvalidAttribute { .. }), "{run:?}");
+    }
+    // A string C cannot hold.
+    let nul = combine(&a, None, false, &[("mode", AttrValue::Str("s\0m".into()))]).unwrap_err();
+    assert!(matches!(&nul, OpError::InvalidAttribute { message, .. } if message.contains("NUL")), "{nul:?}");
+    assert_eq!(combine_stats()[0], calls, "no callback of the library ran");
     lib.unload().unwrap();
 }

@@ -7,7 +7,7 @@ use std::ffi::{c_char, c_int, c_void, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::OnceLock;
 
-use crate::{sys, AttrKind, Attrs, DType, Error, Meta, Op, Result, Status, Tensor, TensorMut};
+use crate::{sys, AttrKind, Attrs, DType, Error, Inputs, Meta, Op, Result, Status, Tensor, TensorMut};
 
 /// One operator's descriptor and the memory its pointers point into.
 #[derive(Debug)]
@@ -15,12 +15,27 @@ pub struct Described {
     desc: sys::OpbOpDesc,
     _strings: Vec<CString>,
     _input_names: Vec<*const c_char>,
+    _input_optional: Vec<i32>,
     _output_names: Vec<*const c_char>,
     _attrs: Vec<sys::OpbAttrDesc>,
     _dtypes: Vec<sys::DLDataType>,
 }
 
-/// Describes `O`. Panics on a name with a NUL byte (caught by `init`, which then fails).
+impl Described {
+    /// The descriptor (its pointers live as long as `self`).
+    pub fn desc(&self) -> &sys::OpbOpDesc {
+        &self.desc
+    }
+}
+
+// SAFETY: a `Described` is immutable once built; its raw pointers point into heap memory it
+// owns (strings and vectors that never move or change) or into statics.
+unsafe impl Send for Described {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for Described {}
+
+/// Describes `O`. Panics on a name with a NUL byte or an optional input that `INPUTS` does not
+/// name (caught by `init`, which then fails; a host registering `O` in-process reports it).
 pub fn describe<O: Op>() -> Described {
     let mut strings = Vec::new();
     let mut c = |s: &str| {
@@ -32,19 +47,32 @@ pub fn describe<O: Op>() -> Described {
     let name = c(O::NAME);
     let doc = c(O::DOC);
     let input_names: Vec<*const c_char> = O::INPUTS.iter().map(|s| c(s)).collect();
+    if let Some(unknown) = O::OPTIONAL_INPUTS.iter().find(|o| !O::INPUTS.contains(o)) {
+        panic!("optional input {unknown:?} of operator {} is not one of its INPUTS", O::NAME);
+    }
+    let input_optional: Vec<i32> = O::INPUTS.iter().map(|i| O::OPTIONAL_INPUTS.contains(i) as i32).collect();
+    let default_strs: Vec<*const c_char> = O::ATTRS.iter().map(|a| c(a.default_str)).collect();
     let output_names: Vec<*const c_char> = O::OUTPUTS.iter().map(|s| c(s)).collect();
     let attrs: Vec<sys::OpbAttrDesc> = O::ATTRS
         .iter()
-        .map(|a| sys::OpbAttrDesc {
+        .zip(&default_strs)
+        .map(|(a, &default_str)| sys::OpbAttrDesc {
             name: c(a.name),
             kind: match a.kind {
                 AttrKind::Int => sys::OPB_ATTR_INT,
                 AttrKind::Float => sys::OPB_ATTR_FLOAT,
                 AttrKind::Bool => sys::OPB_ATTR_BOOL,
+                AttrKind::Str => sys::OPB_ATTR_STR,
+                AttrKind::Ints => sys::OPB_ATTR_INTS,
             },
-            required: a.required as i32,
+            flags: (if a.required { sys::OPB_ATTR_REQUIRED } else { 0 })
+                | (if a.nullable { sys::OPB_ATTR_NULLABLE } else { 0 })
+                | (if a.default_none { sys::OPB_ATTR_DEFAULT_NONE } else { 0 }),
             default_int: a.default_int,
             default_float: a.default_float,
+            default_str,
+            default_ints: a.default_ints.as_ptr(),
+            n_default_ints: a.default_ints.len() as i64,
             doc: c(a.doc),
         })
         .collect();
@@ -56,13 +84,16 @@ pub fn describe<O: Op>() -> Described {
         doc,
         n_inputs: count(input_names.len()),
         input_names: input_names.as_ptr(),
+        input_optional: input_optional.as_ptr(),
         n_outputs: count(output_names.len()),
         output_names: output_names.as_ptr(),
         n_attrs: count(attrs.len()),
         attrs: attrs.as_ptr(),
         n_dtypes: count(dtypes.len()),
         dtypes: dtypes.as_ptr(),
+        flags: if O::IN_PLACE { sys::OPB_OP_IN_PLACE_OK } else { 0 },
         infer: Some(infer::<O>),
+        input_dtypes: O::INPUT_DTYPES.map(|_| input_dtypes::<O> as sys::OpbInputDtypesFn),
         cpu_kernel: Some(kernel::<O>),
         workspace_size: O::WORKSPACE.map(|_| workspace_size::<O> as sys::OpbWorkspaceFn),
         reserved: [std::ptr::null_mut(); 4],
@@ -71,6 +102,7 @@ pub fn describe<O: Op>() -> Described {
         desc,
         _strings: strings,
         _input_names: input_names,
+        _input_optional: input_optional,
         _output_names: output_names,
         _attrs: attrs,
         _dtypes: dtypes,
@@ -201,14 +233,18 @@ unsafe fn slice<'a, T>(ptr: *const T, n: c_int) -> &'a [T] {
     }
 }
 
-fn metas(inputs: &[sys::OpbMeta]) -> Result<Vec<Meta>> {
+/// The host's metas; an absent optional input (`ndim == OPB_ABSENT`) is `None`.
+fn metas(inputs: &[sys::OpbMeta]) -> Result<Vec<Option<Meta>>> {
     inputs
         .iter()
         .map(|m| {
+            if m.ndim == sys::OPB_ABSENT {
+                return Ok(None);
+            }
             let dtype = DType::from_dl(m.dtype).ok_or_else(|| Error::dtype("unsupported element type"))?;
             let ndim = usize::try_from(m.ndim).ok().filter(|&n| n <= sys::OPB_MAX_NDIM);
             let ndim = ndim.ok_or_else(|| Error::shape(format!("ndim {} out of range", m.ndim)))?;
-            Ok(Meta { dtype, shape: m.shape[..ndim].iter().map(|&d| d.max(0) as usize).collect() })
+            Ok(Some(Meta { dtype, shape: m.shape[..ndim].iter().map(|&d| d.max(0) as usize).collect() }))
         })
         .collect()
 }
@@ -229,7 +265,7 @@ pub unsafe extern "C" fn infer<O: Op>(
     let body = || {
         // SAFETY: the host passes `n_in` metas and a valid attribute struct.
         let (inputs, attrs) = unsafe { (slice(inputs, n_in), Attrs::from_c(attrs)) };
-        let result = O::infer(&metas(inputs)?, &attrs)?;
+        let result = O::infer(&Inputs::new(&metas(inputs)?), &attrs)?;
         let n_out = usize::try_from(n_out).unwrap_or(0);
         if result.len() != n_out || outputs.is_null() {
             return Err(Error::failed(format!(
@@ -254,6 +290,42 @@ pub unsafe extern "C" fn infer<O: Op>(
     unsafe { guarded(err_msg, err_len, body) }
 }
 
+/// `OpbInputDtypesFn` for `O`.
+///
+/// # Safety
+/// As [`infer`], with `dtypes` writable for `n_in` entries.
+pub unsafe extern "C" fn input_dtypes<O: Op>(
+    inputs: *const sys::OpbMeta,
+    n_in: c_int,
+    dtypes: *mut sys::DLDataType,
+    attrs: *const sys::OpbAttrs,
+    err_msg: *mut c_char,
+    err_len: usize,
+) -> c_int {
+    let body = || {
+        // SAFETY: the host passes `n_in` metas and a valid attribute struct.
+        let (inputs, attrs) = unsafe { (slice(inputs, n_in), Attrs::from_c(attrs)) };
+        let Some(choose) = O::INPUT_DTYPES else { return Ok(()) };
+        let wanted = choose(&Inputs::new(&metas(inputs)?), &attrs)?;
+        if wanted.len() != inputs.len() || dtypes.is_null() {
+            return Err(Error::failed(format!(
+                "INPUT_DTYPES returned {} dtypes for {} inputs",
+                wanted.len(),
+                inputs.len()
+            )));
+        }
+        for (i, dtype) in wanted.iter().enumerate() {
+            if let Some(dtype) = dtype {
+                // SAFETY: the host passes `n_in` writable entries and `i < n_in`.
+                unsafe { dtypes.add(i).write(dtype.to_dl()) };
+            }
+        }
+        Ok(())
+    };
+    // SAFETY: the host passes a valid error buffer.
+    unsafe { guarded(err_msg, err_len, body) }
+}
+
 /// `OpbWorkspaceFn` for `O` (0 on any error: the kernel then reports it).
 ///
 /// # Safety
@@ -267,7 +339,7 @@ pub unsafe extern "C" fn workspace_size<O: Op>(
         // SAFETY: the host passes `n_in` metas and a valid attribute struct.
         let (inputs, attrs) = unsafe { (slice(inputs, n_in), Attrs::from_c(attrs)) };
         match (O::WORKSPACE, metas(inputs)) {
-            (Some(size), Ok(metas)) => size(&metas, &attrs),
+            (Some(size), Ok(metas)) => size(&Inputs::new(&metas), &attrs),
             _ => 0,
         }
     }))
@@ -294,12 +366,25 @@ pub unsafe extern "C" fn kernel<O: Op>(
     let body = || {
         // SAFETY: the host passes `n_in` input and `n_out` output tensors and valid attributes.
         let (c_in, c_out, attrs) = unsafe { (slice(inputs, n_in), slice(outputs, n_out), Attrs::from_c(attrs)) };
-        // SAFETY: inputs are readable and unchanged during the call (the ABI's contract).
-        let ins = c_in.iter().map(|t| unsafe { Tensor::from_dl(t) }).collect::<Result<Vec<_>>>()?;
+        // An absent optional input has `ndim == OPB_ABSENT` (and no data to view).
+        let ins = c_in
+            .iter()
+            .map(|t| {
+                if t.ndim == sys::OPB_ABSENT {
+                    return Ok(None);
+                }
+                // SAFETY: inputs are readable and unchanged during the call (the ABI's contract).
+                unsafe { Tensor::from_dl(t) }.map(Some)
+            })
+            .collect::<Result<Vec<_>>>()?;
         // SAFETY: outputs are writable and used by this call only (the ABI's contract).
         let mut outs = c_out.iter().map(|t| unsafe { TensorMut::from_dl(t) }).collect::<Result<Vec<_>>>()?;
         let size = match O::WORKSPACE {
-            Some(size) => size(&ins.iter().map(|t| Meta::new(t.dtype(), t.shape())).collect::<Vec<_>>(), &attrs),
+            Some(size) => {
+                let metas: Vec<Option<Meta>> =
+                    ins.iter().map(|t| t.as_ref().map(|t| Meta::new(t.dtype(), t.shape()))).collect();
+                size(&Inputs::new(&metas), &attrs)
+            }
             None => 0,
         };
         let ws: &mut [u8] = match (size, workspace.is_null()) {
@@ -308,7 +393,7 @@ pub unsafe extern "C" fn kernel<O: Op>(
             // SAFETY: the host allocated the `workspace_size` bytes for this call.
             (_, false) => unsafe { std::slice::from_raw_parts_mut(workspace.cast::<u8>(), size) },
         };
-        O::run(&ins, &mut outs, &attrs, ws)
+        O::run(&Inputs::new(&ins), &mut outs, &attrs, ws)
     };
     // SAFETY: the host passes a valid error buffer.
     unsafe { guarded(err_msg, err_len, body) }

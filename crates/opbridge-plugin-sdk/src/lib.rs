@@ -8,7 +8,7 @@
 //! with `opbridge.load_library(path)`.
 //!
 //! ```
-//! use opbridge_plugin_sdk::{export_plugin, Attr, Attrs, DType, Error, Meta, Op, Result, Tensor, TensorMut};
+//! use opbridge_plugin_sdk::{export_plugin, Attr, Attrs, DType, Inputs, Meta, Op, Result, Tensor, TensorMut};
 //!
 //! /// out = x * factor
 //! struct Scale;
@@ -21,11 +21,11 @@
 //!     const ATTRS: &'static [Attr] = &[Attr::float("factor", 1.0)];
 //!     const DTYPES: &'static [DType] = &[DType::F32];
 //!
-//!     fn infer(inputs: &[Meta], _attrs: &Attrs<'_>) -> Result<Vec<Meta>> {
+//!     fn infer(inputs: &Inputs<'_, Meta>, _attrs: &Attrs<'_>) -> Result<Vec<Meta>> {
 //!         Ok(vec![inputs[0].clone()])
 //!     }
 //!
-//!     fn run(inputs: &[Tensor<'_>], outputs: &mut [TensorMut<'_>], attrs: &Attrs<'_>, _ws: &mut [u8]) -> Result<()> {
+//!     fn run(inputs: &Inputs<'_, Tensor<'_>>, outputs: &mut [TensorMut<'_>], attrs: &Attrs<'_>, _ws: &mut [u8]) -> Result<()> {
 //!         let factor = attrs.float("factor")? as f32;
 //!         let out = outputs[0].as_mut_slice::<f32>()?;
 //!         for (o, x) in out.iter_mut().zip(inputs[0].values::<f32>()?) {
@@ -37,6 +37,9 @@
 //!
 //! export_plugin!("example": Scale);
 //! ```
+//!
+//! opbridge's own built-in operators implement this same [`Op`] trait; the host registers them
+//! in-process, through the same descriptor validation a loaded library goes through.
 //!
 //! The crate has no dependencies and knows nothing of opbridge's runtime: it speaks only the C
 //! ABI, which it declares itself in [`sys`].
@@ -52,11 +55,15 @@ use std::fmt;
 
 pub use tensor::{Element, Tensor, TensorMut, Values};
 
+#[doc(hidden)]
+pub use __private::{describe, Described};
+
 /// The plugin ABI version this crate speaks.
 pub const ABI_VERSION: u32 = sys::OPBRIDGE_PLUGIN_ABI_VERSION;
 
-/// Element types opbridge passes to plugins.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// An element type. Names and promotion follow numpy, so results never surprise a numpy user.
+/// opbridge's runtime uses this very type: built-in operators and plugins speak one vocabulary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DType {
     F16,
     F32,
@@ -66,6 +73,8 @@ pub enum DType {
 }
 
 impl DType {
+    pub const ALL: [DType; 5] = [DType::F16, DType::F32, DType::F64, DType::I32, DType::I64];
+
     /// numpy's name (`"float32"`, ...).
     pub const fn name(self) -> &'static str {
         match self {
@@ -77,12 +86,42 @@ impl DType {
         }
     }
 
+    pub fn from_name(name: &str) -> Option<DType> {
+        DType::ALL.into_iter().find(|d| d.name() == name)
+    }
+
     /// Bytes per element.
     pub const fn size(self) -> usize {
         match self {
             DType::F16 => 2,
             DType::F32 | DType::I32 => 4,
             DType::F64 | DType::I64 => 8,
+        }
+    }
+
+    pub const fn is_float(self) -> bool {
+        matches!(self, DType::F16 | DType::F32 | DType::F64)
+    }
+
+    /// The result type of `a + b` under numpy's rules for arrays (NEP 50): the smallest type
+    /// that holds both exactly, with any int mixed with float16 going to float64 the way
+    /// numpy does for int32/int64.
+    pub fn promote(self, other: DType) -> DType {
+        use DType::*;
+        if self == other {
+            return self;
+        }
+        match (self.is_float(), other.is_float()) {
+            (true, true) => self.max(other), // F16 < F32 < F64 in declaration order
+            (false, false) => I64,
+            _ => {
+                let (float, int) = if self.is_float() { (self, other) } else { (other, self) };
+                // float64 is the smallest float that holds every int32/int64 the way numpy decides.
+                match (float, int) {
+                    (F64, _) | (_, I32 | I64) => F64,
+                    _ => float,
+                }
+            }
         }
     }
 
@@ -98,7 +137,7 @@ impl DType {
     }
 
     pub fn from_dl(t: sys::DLDataType) -> Option<DType> {
-        [DType::F16, DType::F32, DType::F64, DType::I32, DType::I64].into_iter().find(|d| d.to_dl() == t)
+        DType::ALL.into_iter().find(|d| d.to_dl() == t)
     }
 }
 
@@ -133,15 +172,34 @@ impl Status {
 }
 
 /// An error of a shape function or kernel: a status and a message for the Python exception.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// An operator compiled into the host (`opbridge_ops::native`) may attach the host's own error
+/// as the cause; the host then raises exactly that error. Across the C ABI only the status and
+/// the message travel.
+#[derive(Debug)]
 pub struct Error {
     pub status: Status,
     pub message: String,
+    cause: Option<Box<dyn std::error::Error + Send + Sync>>,
 }
 
 impl Error {
     pub fn new(status: Status, message: impl Into<String>) -> Error {
-        Error { status, message: message.into() }
+        Error { status, message: message.into(), cause: None }
+    }
+
+    /// An error that carries the error it stands for (see the type's documentation).
+    pub fn with_cause(
+        status: Status,
+        message: impl Into<String>,
+        cause: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Error {
+        Error { status, message: message.into(), cause: Some(cause.into()) }
+    }
+
+    /// The attached cause, taken out of the error.
+    pub fn into_cause(self) -> Option<Box<dyn std::error::Error + Send + Sync>> {
+        self.cause
     }
 
     pub fn shape(message: impl Into<String>) -> Error {
@@ -161,13 +219,33 @@ impl Error {
     }
 }
 
+/// A clone keeps the status and the message, not the cause.
+impl Clone for Error {
+    fn clone(&self) -> Error {
+        Error::new(self.status, self.message.clone())
+    }
+}
+
+/// Errors are equal when their status and message are.
+impl PartialEq for Error {
+    fn eq(&self, other: &Error) -> bool {
+        self.status == other.status && self.message == other.message
+    }
+}
+
+impl Eq for Error {}
+
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.message)
     }
 }
 
-impl std::error::Error for Error {}
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.cause.as_deref().map(|c| c as &(dyn std::error::Error + 'static))
+    }
+}
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -184,41 +262,142 @@ impl Meta {
     }
 }
 
+/// An optional input the caller left out is `None`; required inputs are always there.
+///
+/// `inputs[i]` gives input `i` and panics if it is absent, which only an input declared in
+/// [`Op::OPTIONAL_INPUTS`] can be: read those with [`Inputs::opt`].
+#[derive(Debug, Clone, Copy)]
+pub struct Inputs<'a, T> {
+    items: &'a [Option<T>],
+}
+
+impl<'a, T> Inputs<'a, T> {
+    pub fn new(items: &'a [Option<T>]) -> Inputs<'a, T> {
+        Inputs { items }
+    }
+
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    /// Input `i`, or `None` if the caller left it out (or there is no input `i`).
+    pub fn opt(&self, i: usize) -> Option<&'a T> {
+        self.items.get(i).and_then(Option::as_ref)
+    }
+
+    /// Input `i`, or an error saying it is absent.
+    pub fn get(&self, i: usize) -> Result<&'a T> {
+        self.opt(i).ok_or_else(|| Error::invalid_argument(format!("input {i} was not passed")))
+    }
+
+    /// Every input in order, `None` for those left out.
+    pub fn iter(&self) -> impl Iterator<Item = Option<&'a T>> + 'a {
+        self.items.iter().map(Option::as_ref)
+    }
+
+    pub fn as_slice(&self) -> &'a [Option<T>] {
+        self.items
+    }
+}
+
+impl<T> std::ops::Index<usize> for Inputs<'_, T> {
+    type Output = T;
+
+    fn index(&self, i: usize) -> &T {
+        match self.items.get(i) {
+            Some(Some(input)) => input,
+            Some(None) => panic!("input {i} was not passed (it is optional: read it with Inputs::opt)"),
+            None => panic!("input {i} out of range: the operator has {} inputs", self.items.len()),
+        }
+    }
+}
+
 /// The kinds of attribute the ABI passes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttrKind {
     Int,
     Float,
     Bool,
+    /// A string (a numpy dtype passed from Python arrives as its name).
+    Str,
+    /// A list of ints (a Python tuple or list).
+    Ints,
 }
 
-/// An attribute declaration: `Attr::float("alpha", 1.0)`, `Attr::int("axis", 0).required()`.
+/// An attribute declaration: `Attr::float("alpha", 1.0)`, `Attr::int("axis", 0).required()`,
+/// `Attr::int("axis", 0).default_none()` (`axis=None`), `Attr::str("mode", "sum")`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Attr {
     pub name: &'static str,
     pub kind: AttrKind,
     pub required: bool,
+    /// `None` is a value the caller may pass.
+    pub nullable: bool,
+    /// The default is `None` (then `nullable` too).
+    pub default_none: bool,
     pub default_int: i64,
     pub default_float: f64,
+    pub default_str: &'static str,
+    pub default_ints: &'static [i64],
     pub doc: &'static str,
 }
 
 impl Attr {
+    const fn of(name: &'static str, kind: AttrKind) -> Attr {
+        Attr {
+            name,
+            kind,
+            required: false,
+            nullable: false,
+            default_none: false,
+            default_int: 0,
+            default_float: 0.0,
+            default_str: "",
+            default_ints: &[],
+            doc: "",
+        }
+    }
+
     pub const fn int(name: &'static str, default: i64) -> Attr {
-        Attr { name, kind: AttrKind::Int, required: false, default_int: default, default_float: 0.0, doc: "" }
+        Attr { default_int: default, ..Attr::of(name, AttrKind::Int) }
     }
 
     pub const fn float(name: &'static str, default: f64) -> Attr {
-        Attr { name, kind: AttrKind::Float, required: false, default_int: 0, default_float: default, doc: "" }
+        Attr { default_float: default, ..Attr::of(name, AttrKind::Float) }
     }
 
     pub const fn bool(name: &'static str, default: bool) -> Attr {
-        Attr { name, kind: AttrKind::Bool, required: false, default_int: default as i64, default_float: 0.0, doc: "" }
+        Attr { default_int: default as i64, ..Attr::of(name, AttrKind::Bool) }
+    }
+
+    pub const fn str(name: &'static str, default: &'static str) -> Attr {
+        Attr { default_str: default, ..Attr::of(name, AttrKind::Str) }
+    }
+
+    pub const fn ints(name: &'static str, default: &'static [i64]) -> Attr {
+        Attr { default_ints: default, ..Attr::of(name, AttrKind::Ints) }
     }
 
     /// No default: callers must pass the attribute.
     pub const fn required(mut self) -> Attr {
         self.required = true;
+        self
+    }
+
+    /// Callers may pass `None`.
+    pub const fn nullable(mut self) -> Attr {
+        self.nullable = true;
+        self
+    }
+
+    /// The default is `None` (callers may pass `None` too).
+    pub const fn default_none(mut self) -> Attr {
+        self.nullable = true;
+        self.default_none = true;
         self
     }
 
@@ -231,81 +410,192 @@ impl Attr {
 
 /// An attribute's value in a call.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum AttrValue {
+pub enum AttrValue<'a> {
+    None,
     Int(i64),
     Float(f64),
     Bool(bool),
+    Str(&'a str),
+    Ints(&'a [i64]),
+}
+
+/// Where a host keeps a call's attributes when it calls an operator compiled into it (no C
+/// arrays in between). Not for plugin authors.
+#[doc(hidden)]
+pub trait AttrLookup: Sync {
+    fn lookup(&self, name: &str) -> Option<AttrValue<'_>>;
 }
 
 /// A call's attributes (every declared one, defaults filled in by opbridge).
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub struct Attrs<'a> {
-    values: &'a [sys::OpbAttrValue],
-    names: &'a [*const c_char],
+    source: AttrSource<'a>,
+}
+
+#[derive(Clone, Copy)]
+enum AttrSource<'a> {
+    C { values: &'a [sys::OpbAttrValue], names: &'a [*const c_char] },
+    Host(&'a dyn AttrLookup),
+}
+
+impl fmt::Debug for Attrs<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.source {
+            AttrSource::C { values, .. } => write!(f, "Attrs({} from C)", values.len()),
+            AttrSource::Host(_) => f.write_str("Attrs(host)"),
+        }
+    }
 }
 
 impl<'a> Attrs<'a> {
     /// # Safety
-    /// `attrs` is null or points at an `OpbAttrs` whose arrays hold `count` valid entries and
-    /// NUL-terminated names, all alive for `'a`.
+    /// `attrs` is null or points at an `OpbAttrs` whose arrays hold `count` valid entries,
+    /// NUL-terminated names, and string and list values valid as the header says, all alive
+    /// for `'a`.
     pub(crate) unsafe fn from_c(attrs: *const sys::OpbAttrs) -> Attrs<'a> {
         // SAFETY: the caller's obligations.
-        match unsafe { attrs.as_ref() } {
-            Some(a) if a.count > 0 && !a.values.is_null() && !a.names.is_null() => Attrs {
+        let source = match unsafe { attrs.as_ref() } {
+            Some(a) if a.count > 0 && !a.values.is_null() && !a.names.is_null() => AttrSource::C {
                 // SAFETY: the caller's obligations.
                 values: unsafe { std::slice::from_raw_parts(a.values, a.count) },
                 // SAFETY: the caller's obligations.
                 names: unsafe { std::slice::from_raw_parts(a.names, a.count) },
             },
-            _ => Attrs { values: &[], names: &[] },
-        }
+            _ => AttrSource::C { values: &[], names: &[] },
+        };
+        Attrs { source }
+    }
+
+    /// Attributes a host holds itself (see [`AttrLookup`]).
+    #[doc(hidden)]
+    pub fn from_host(lookup: &'a dyn AttrLookup) -> Attrs<'a> {
+        Attrs { source: AttrSource::Host(lookup) }
     }
 
     /// The attribute `name`, if the operator declares it.
-    pub fn get(&self, name: &str) -> Option<AttrValue> {
-        let i = self.names.iter().position(|&p| {
+    pub fn get(&self, name: &str) -> Option<AttrValue<'a>> {
+        let (values, names) = match self.source {
+            AttrSource::Host(lookup) => return lookup.lookup(name),
+            AttrSource::C { values, names } => (values, names),
+        };
+        let i = names.iter().position(|&p| {
             // SAFETY: `from_c`'s contract: every name is a valid C string for `'a`.
             !p.is_null() && unsafe { CStr::from_ptr(p) }.to_bytes() == name.as_bytes()
         })?;
-        let v = &self.values[i];
+        let v = &values[i];
+        if v.is_none != 0 {
+            return Some(AttrValue::None);
+        }
         Some(match v.kind {
             sys::OPB_ATTR_FLOAT => AttrValue::Float(v.f),
             sys::OPB_ATTR_BOOL => AttrValue::Bool(v.i != 0),
+            sys::OPB_ATTR_STR if v.s.is_null() => AttrValue::Str(""),
+            sys::OPB_ATTR_STR => {
+                // SAFETY: `from_c`'s contract: a NUL-terminated string alive for `'a`.
+                let bytes = unsafe { CStr::from_ptr(v.s) }.to_bytes();
+                AttrValue::Str(std::str::from_utf8(bytes).ok()?)
+            }
+            sys::OPB_ATTR_INTS => match usize::try_from(v.n_ints) {
+                Ok(n) if n > 0 && !v.ints.is_null() => {
+                    // SAFETY: `from_c`'s contract: `n_ints` entries alive for `'a`.
+                    AttrValue::Ints(unsafe { std::slice::from_raw_parts(v.ints, n) })
+                }
+                _ => AttrValue::Ints(&[]),
+            },
             _ => AttrValue::Int(v.i),
         })
     }
 
-    fn missing(name: &str, kind: &str) -> Error {
-        Error::invalid_argument(format!("attribute {name:?} is not declared as {kind}"))
+    fn wrong(&self, name: &str, kind: &str) -> Error {
+        match self.get(name) {
+            None => Error::invalid_argument(format!("the operator declares no attribute {name:?}")),
+            Some(value) => Error::invalid_argument(format!("expected {name} to be {kind}, got {value:?}")),
+        }
     }
 
-    pub fn float(&self, name: &str) -> Result<f64> {
-        match self.get(name) {
-            Some(AttrValue::Float(f)) => Ok(f),
-            _ => Err(Attrs::missing(name, "a float")),
-        }
+    /// Whether the attribute is `None`.
+    pub fn is_none(&self, name: &str) -> bool {
+        matches!(self.get(name), Some(AttrValue::None))
     }
 
     pub fn int(&self, name: &str) -> Result<i64> {
         match self.get(name) {
             Some(AttrValue::Int(i)) => Ok(i),
-            _ => Err(Attrs::missing(name, "an int")),
+            Some(AttrValue::Bool(b)) => Ok(b as i64),
+            _ => Err(self.wrong(name, "an int")),
+        }
+    }
+
+    /// A float (an int attribute reads as one too).
+    pub fn float(&self, name: &str) -> Result<f64> {
+        match self.get(name) {
+            Some(AttrValue::Float(f)) => Ok(f),
+            Some(AttrValue::Int(i)) => Ok(i as f64),
+            _ => Err(self.wrong(name, "a float")),
         }
     }
 
     pub fn bool(&self, name: &str) -> Result<bool> {
         match self.get(name) {
             Some(AttrValue::Bool(b)) => Ok(b),
-            _ => Err(Attrs::missing(name, "a bool")),
+            _ => Err(self.wrong(name, "a bool")),
         }
+    }
+
+    pub fn str(&self, name: &str) -> Result<&'a str> {
+        match self.get(name) {
+            Some(AttrValue::Str(s)) => Ok(s),
+            _ => Err(self.wrong(name, "a string")),
+        }
+    }
+
+    pub fn ints(&self, name: &str) -> Result<&'a [i64]> {
+        match self.get(name) {
+            Some(AttrValue::Ints(v)) => Ok(v),
+            _ => Err(self.wrong(name, "a list of ints")),
+        }
+    }
+
+    /// An int that may be `None` (`axis=None`).
+    pub fn opt_int(&self, name: &str) -> Result<Option<i64>> {
+        if self.is_none(name) {
+            return Ok(None);
+        }
+        self.int(name).map(Some)
+    }
+
+    pub fn opt_float(&self, name: &str) -> Result<Option<f64>> {
+        if self.is_none(name) {
+            return Ok(None);
+        }
+        self.float(name).map(Some)
+    }
+
+    pub fn opt_str(&self, name: &str) -> Result<Option<&'a str>> {
+        if self.is_none(name) {
+            return Ok(None);
+        }
+        self.str(name).map(Some)
+    }
+
+    pub fn opt_ints(&self, name: &str) -> Result<Option<&'a [i64]>> {
+        if self.is_none(name) {
+            return Ok(None);
+        }
+        self.ints(name).map(Some)
     }
 }
 
 /// Computes an operator's workspace size from its inputs and attributes (see [`Op::WORKSPACE`]).
-pub type WorkspaceFn = fn(inputs: &[Meta], attrs: &Attrs<'_>) -> usize;
+pub type WorkspaceFn = fn(inputs: &Inputs<'_, Meta>, attrs: &Attrs<'_>) -> usize;
 
-/// One operator version of a plugin. Implement it on a unit struct and list the type in
-/// [`export_plugin!`].
+/// Chooses the dtype each input is converted to before [`Op::run`] (see [`Op::INPUT_DTYPES`]):
+/// one entry per input, `None` for absent ones.
+pub type InputDtypesFn = fn(inputs: &Inputs<'_, Meta>, attrs: &Attrs<'_>) -> Result<Vec<Option<DType>>>;
+
+/// One operator version. Implement it on a unit struct and list the type in
+/// [`export_plugin!`] (a plugin), or register it in a host with `opbridge_ops::native`
+/// (opbridge's built-in operators are written this way).
 pub trait Op: 'static {
     /// `[A-Za-z_][A-Za-z0-9_]*`.
     const NAME: &'static str;
@@ -313,25 +603,39 @@ pub trait Op: 'static {
     const VERSION: u32;
     /// The docstring Python's `help()` shows.
     const DOC: &'static str = "";
-    /// Input names (all inputs are required).
+    /// Input names, in call order.
     const INPUTS: &'static [&'static str];
+    /// Inputs (named in `INPUTS`) the caller may leave out or pass as `None`; they reach `infer`
+    /// and `run` as absent (see [`Inputs::opt`]).
+    const OPTIONAL_INPUTS: &'static [&'static str] = &[];
     const OUTPUTS: &'static [&'static str] = &["out"];
     const ATTRS: &'static [Attr] = &[];
     /// dtypes the inputs may have; opbridge rejects others before calling `infer`.
     const DTYPES: &'static [DType];
+    /// The dtypes inputs are converted to before `run` (numpy's promotion, for instance);
+    /// `None` (the default): inputs keep their dtypes. `infer` sees the caller's dtypes.
+    const INPUT_DTYPES: Option<InputDtypesFn> = None;
+    /// Whether an output may be exactly an input of the same dtype and shape (`out=x` in
+    /// Python, for elementwise operators). A kernel that allows it must not hold a slice of an
+    /// input while writing the output over it: work on raw pointers, or element by element.
+    const IN_PLACE: bool = false;
 
     /// The shape function: checks the inputs and returns one `Meta` per output. A pure
     /// function of its arguments: opbridge may reuse an earlier result for equal arguments.
-    fn infer(inputs: &[Meta], attrs: &Attrs<'_>) -> Result<Vec<Meta>>;
+    fn infer(inputs: &Inputs<'_, Meta>, attrs: &Attrs<'_>) -> Result<Vec<Meta>>;
 
     /// Bytes of scratch memory `run` needs for these inputs (given as `workspace`, 64-byte
     /// aligned); `None` (the default): no workspace.
     const WORKSPACE: Option<WorkspaceFn> = None;
 
     /// The CPU kernel. Inputs may have any strides; outputs are contiguous, of the metas `infer`
-    /// returned, and never overlap the inputs.
-    fn run(inputs: &[Tensor<'_>], outputs: &mut [TensorMut<'_>], attrs: &Attrs<'_>, workspace: &mut [u8])
-        -> Result<()>;
+    /// returned, and never overlap the inputs (but see [`Op::IN_PLACE`]).
+    fn run(
+        inputs: &Inputs<'_, Tensor<'_>>,
+        outputs: &mut [TensorMut<'_>],
+        attrs: &Attrs<'_>,
+        workspace: &mut [u8],
+    ) -> Result<()>;
 }
 
 /// Generates `opbridge_plugin_init` for a list of [`Op`] types:

@@ -76,6 +76,22 @@ impl Layout {
         Ok(layout)
     }
 
+    /// A layout from parts (safe to build; what it describes is the callers' claim).
+    fn from_parts(data: *mut u8, dtype: DType, shape: &[usize], strides: &[isize]) -> Result<Layout> {
+        let ndim = shape.len();
+        if ndim > sys::OPB_MAX_NDIM || strides.len() != ndim {
+            return Err(Error::shape(format!(
+                "tensors have at most {} dimensions, got {ndim} (strides: {})",
+                sys::OPB_MAX_NDIM,
+                strides.len()
+            )));
+        }
+        let mut layout = Layout { data, dtype, ndim, shape: [0; sys::OPB_MAX_NDIM], strides: [0; sys::OPB_MAX_NDIM] };
+        layout.shape[..ndim].copy_from_slice(shape);
+        layout.strides[..ndim].copy_from_slice(strides);
+        Ok(layout)
+    }
+
     fn shape(&self) -> &[usize] {
         &self.shape[..self.ndim]
     }
@@ -131,6 +147,25 @@ impl<'a> Tensor<'a> {
     pub(crate) unsafe fn from_dl(t: &sys::DLTensor) -> Result<Tensor<'a>> {
         // SAFETY: the caller's obligations.
         Ok(Tensor { layout: unsafe { Layout::from_dl(t) }?, _memory: PhantomData })
+    }
+
+    /// A view of memory a host holds (for hosts that call an [`Op`](crate::Op) in-process).
+    ///
+    /// # Safety
+    /// `data` is element 0 of a tensor of `dtype` with this shape and these strides (in
+    /// elements), readable and unchanged for `'a`.
+    pub unsafe fn from_raw_parts(
+        data: *const u8,
+        dtype: DType,
+        shape: &[usize],
+        strides: &[isize],
+    ) -> Result<Tensor<'a>> {
+        Ok(Tensor { layout: Layout::from_parts(data.cast_mut(), dtype, shape, strides)?, _memory: PhantomData })
+    }
+
+    /// Address of element 0 (for kernels that work on raw memory).
+    pub fn as_ptr(&self) -> *const u8 {
+        self.layout.data
     }
 
     pub fn dtype(&self) -> DType {
@@ -281,6 +316,30 @@ impl<'a> TensorMut<'a> {
     pub(crate) unsafe fn from_dl(t: &sys::DLTensor) -> Result<TensorMut<'a>> {
         // SAFETY: the caller's obligations.
         Ok(TensorMut { layout: unsafe { Layout::from_dl(t) }?, _memory: PhantomData })
+    }
+
+    /// A view of memory a host holds (for hosts that call an [`Op`](crate::Op) in-process).
+    ///
+    /// # Safety
+    /// `data` is element 0 of a C-contiguous tensor of `dtype` and this shape, writable for
+    /// `'a` and not written by anyone else meanwhile (except as [`Op::IN_PLACE`](crate::Op::IN_PLACE) says).
+    pub unsafe fn from_raw_parts(
+        data: *mut u8,
+        dtype: DType,
+        shape: &[usize],
+        strides: &[isize],
+    ) -> Result<TensorMut<'a>> {
+        Ok(TensorMut { layout: Layout::from_parts(data, dtype, shape, strides)?, _memory: PhantomData })
+    }
+
+    /// Address of element 0 (for kernels that work on raw memory).
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.layout.data
+    }
+
+    /// Strides in elements (C-contiguous).
+    pub fn strides(&self) -> &[isize] {
+        self.layout.strides()
     }
 
     pub fn dtype(&self) -> DType {

@@ -6,7 +6,8 @@ use std::path::Path;
 use std::process::Command;
 
 use opbridge_plugin_sdk::{
-    export_plugin, sys, Attr, Attrs, DType, Error, Meta, Op, Result, Tensor, TensorMut, WorkspaceFn,
+    describe, export_plugin, sys, Attr, Attrs, DType, Error, InputDtypesFn, Inputs, Meta, Op, Result, Tensor,
+    TensorMut, WorkspaceFn,
 };
 
 struct AddK;
@@ -19,7 +20,7 @@ impl Op for AddK {
     const ATTRS: &'static [Attr] = &[Attr::int("k", 1).doc("the increment"), Attr::bool("explode", false).required()];
     const DTYPES: &'static [DType] = &[DType::F64, DType::I64];
 
-    fn infer(inputs: &[Meta], _attrs: &Attrs<'_>) -> Result<Vec<Meta>> {
+    fn infer(inputs: &Inputs<'_, Meta>, _attrs: &Attrs<'_>) -> Result<Vec<Meta>> {
         if inputs[0].shape.len() != 1 {
             return Err(Error::shape("1-D only"));
         }
@@ -28,7 +29,12 @@ impl Op for AddK {
 
     const WORKSPACE: Option<WorkspaceFn> = Some(|inputs, _attrs| inputs[0].shape[0] * 8);
 
-    fn run(inputs: &[Tensor<'_>], outputs: &mut [TensorMut<'_>], attrs: &Attrs<'_>, ws: &mut [u8]) -> Result<()> {
+    fn run(
+        inputs: &Inputs<'_, Tensor<'_>>,
+        outputs: &mut [TensorMut<'_>],
+        attrs: &Attrs<'_>,
+        ws: &mut [u8],
+    ) -> Result<()> {
         if attrs.bool("explode")? {
             panic!("boom");
         }
@@ -95,7 +101,7 @@ fn declarations_match_the_header() {
 fn the_entry_point_describes_the_ops() {
     let (status, info) = init();
     assert_eq!(status, sys::OPB_OK);
-    assert_eq!(info.abi_version, 1);
+    assert_eq!(info.abi_version, 2);
     assert_eq!(text(info.name), "sdk_test");
     assert_eq!(info.n_ops, 1);
     // SAFETY: one descriptor, kept alive by the SDK.
@@ -105,8 +111,12 @@ fn the_entry_point_describes_the_ops() {
     // SAFETY: arrays of the declared lengths.
     let (attrs, dtypes) =
         unsafe { (std::slice::from_raw_parts(desc.attrs, 2), std::slice::from_raw_parts(desc.dtypes, 2)) };
-    assert_eq!((text(attrs[0].name).as_str(), attrs[0].kind, attrs[0].required, attrs[0].default_int), ("k", 0, 0, 1));
-    assert_eq!((text(attrs[1].name).as_str(), attrs[1].kind, attrs[1].required), ("explode", 2, 1));
+    assert_eq!((text(attrs[0].name).as_str(), attrs[0].kind, attrs[0].flags, attrs[0].default_int), ("k", 0, 0, 1));
+    assert_eq!((text(attrs[1].name).as_str(), attrs[1].kind, attrs[1].flags), ("explode", 2, sys::OPB_ATTR_REQUIRED));
+    // ABI 2's fields, at their defaults: no flags, all inputs required, no input-dtype callback.
+    assert_eq!((desc.flags, desc.input_dtypes.is_none()), (0, true));
+    // SAFETY: one flag per input.
+    assert_eq!(unsafe { *desc.input_optional }, 0);
     assert_eq!(text(attrs[0].doc), "the increment");
     assert_eq!(dtypes, [DType::F64.to_dl(), DType::I64.to_dl()]);
     // SAFETY: one name.
@@ -122,7 +132,7 @@ fn the_entry_point_describes_the_ops() {
     let mut info = sys::OpbPluginInfo::zeroed();
     // SAFETY: valid pointers.
     assert_eq!(unsafe { opbridge_plugin_init(&host, &mut info) }, sys::OPB_ERR_ABI_MISMATCH);
-    assert_eq!((info.abi_version, info.n_ops), (1, 0));
+    assert_eq!((info.abi_version, info.n_ops), (2, 0));
 }
 
 struct Call {
@@ -134,8 +144,8 @@ impl Call {
     fn new(k: i64, explode: bool) -> Call {
         Call {
             values: vec![
-                sys::OpbAttrValue { kind: sys::OPB_ATTR_INT, reserved: 0, i: k, f: 0.0 },
-                sys::OpbAttrValue { kind: sys::OPB_ATTR_BOOL, reserved: 0, i: explode as i64, f: 0.0 },
+                sys::OpbAttrValue { kind: sys::OPB_ATTR_INT, i: k, ..Default::default() },
+                sys::OpbAttrValue { kind: sys::OPB_ATTR_BOOL, i: explode as i64, ..Default::default() },
             ],
             names: vec![c"k".as_ptr(), c"explode".as_ptr()],
         }
@@ -229,4 +239,271 @@ fn messages_are_truncated_to_the_buffer() {
     let status = unsafe { infer(&meta, 1, &mut out, 1, &call.attrs(), err.as_mut_ptr(), err.len()) };
     assert_eq!(status, sys::OPB_ERR_SHAPE);
     assert_eq!(text(err.as_ptr()), "1-D");
+}
+
+/// Every ABI 2 feature: `combine(x, y=None, *, mode="sum", offsets=[1, 2], scale=None)`, in
+/// float64 (int32 inputs are converted first), in place allowed. `out[i] = x[i] (+ or max) y[i]
+/// (0 when y is absent) + offsets[i % len] (times scale unless None)`.
+struct Combine;
+
+impl Op for Combine {
+    const NAME: &'static str = "combine";
+    const VERSION: u32 = 1;
+    const INPUTS: &'static [&'static str] = &["x", "y"];
+    const OPTIONAL_INPUTS: &'static [&'static str] = &["y"];
+    const ATTRS: &'static [Attr] =
+        &[Attr::str("mode", "sum"), Attr::ints("offsets", &[1, 2]), Attr::int("scale", 0).default_none()];
+    const DTYPES: &'static [DType] = &[DType::F64, DType::I32];
+    const INPUT_DTYPES: Option<InputDtypesFn> = Some(|inputs, _attrs| {
+        Ok(inputs.iter().map(|m| m.map(|m| if m.dtype == DType::I32 { DType::F64 } else { m.dtype })).collect())
+    });
+    const IN_PLACE: bool = true;
+
+    fn infer(inputs: &Inputs<'_, Meta>, attrs: &Attrs<'_>) -> Result<Vec<Meta>> {
+        if !matches!(attrs.str("mode")?, "sum" | "max") {
+            return Err(Error::invalid_argument("mode must be \"sum\" or \"max\""));
+        }
+        // The shape function sees the caller's dtypes; the output says whether `y` was there
+        // (a second dimension of 1) so that the test can tell.
+        let x = &inputs[0];
+        let extra = usize::from(inputs.opt(1).is_some());
+        let mut shape = x.shape.clone();
+        shape.push(extra);
+        Ok(vec![Meta { dtype: DType::F64, shape }])
+    }
+
+    fn run(
+        inputs: &Inputs<'_, Tensor<'_>>,
+        outputs: &mut [TensorMut<'_>],
+        attrs: &Attrs<'_>,
+        _ws: &mut [u8],
+    ) -> Result<()> {
+        let max = attrs.str("mode")? == "max";
+        let offsets = attrs.ints("offsets")?;
+        let scale = attrs.opt_int("scale")?;
+        let x: Vec<f64> = inputs[0].values::<f64>()?.collect();
+        let y: Vec<f64> = match inputs.opt(1) {
+            Some(y) => y.values::<f64>()?.collect(),
+            None => vec![0.0; x.len()],
+        };
+        let out = outputs[0].as_mut_slice::<f64>()?;
+        for (i, o) in out.iter_mut().enumerate() {
+            let mut r = if max { x[i].max(y[i]) } else { x[i] + y[i] };
+            if !offsets.is_empty() {
+                r += offsets[i % offsets.len()] as f64;
+            }
+            if let Some(scale) = scale {
+                r *= scale as f64;
+            }
+            *o = r;
+        }
+        Ok(())
+    }
+}
+
+/// A call's attribute values for `Combine`, built the way the host builds them.
+struct CombineCall {
+    values: Vec<sys::OpbAttrValue>,
+    names: Vec<*const c_char>,
+    _mode: std::ffi::CString,
+    _offsets: Vec<i64>,
+}
+
+impl CombineCall {
+    fn new(mode: &str, offsets: &[i64], scale: Option<i64>) -> CombineCall {
+        let mode = std::ffi::CString::new(mode).unwrap();
+        let offsets = offsets.to_vec();
+        let values = vec![
+            sys::OpbAttrValue { kind: sys::OPB_ATTR_STR, s: mode.as_ptr(), ..Default::default() },
+            sys::OpbAttrValue {
+                kind: sys::OPB_ATTR_INTS,
+                ints: offsets.as_ptr(),
+                n_ints: offsets.len() as i64,
+                ..Default::default()
+            },
+            match scale {
+                Some(i) => sys::OpbAttrValue { kind: sys::OPB_ATTR_INT, i, ..Default::default() },
+                None => sys::OpbAttrValue { kind: sys::OPB_ATTR_INT, is_none: 1, ..Default::default() },
+            },
+        ];
+        CombineCall {
+            values,
+            names: vec![c"mode".as_ptr(), c"offsets".as_ptr(), c"scale".as_ptr()],
+            _mode: mode,
+            _offsets: offsets,
+        }
+    }
+
+    fn attrs(&self) -> sys::OpbAttrs {
+        sys::OpbAttrs { count: self.values.len(), values: self.values.as_ptr(), names: self.names.as_ptr() }
+    }
+}
+
+fn meta(dtype: DType, shape: &[i64]) -> sys::OpbMeta {
+    let mut m = sys::OpbMeta { dtype: dtype.to_dl(), ndim: shape.len() as i32, ..Default::default() };
+    m.shape[..shape.len()].copy_from_slice(shape);
+    m
+}
+
+fn absent_meta() -> sys::OpbMeta {
+    sys::OpbMeta { ndim: sys::OPB_ABSENT, ..Default::default() }
+}
+
+#[test]
+fn the_descriptor_carries_abi2_fields() {
+    let described = describe::<Combine>();
+    let desc = described.desc();
+    assert_eq!(desc.flags, sys::OPB_OP_IN_PLACE_OK);
+    assert!(desc.input_dtypes.is_some());
+    // SAFETY: arrays of the declared lengths, kept alive by `described`.
+    let (optional, attrs) =
+        unsafe { (std::slice::from_raw_parts(desc.input_optional, 2), std::slice::from_raw_parts(desc.attrs, 3)) };
+    assert_eq!(optional, [0, 1]);
+    assert_eq!((text(attrs[0].name).as_str(), attrs[0].kind, attrs[0].flags), ("mode", sys::OPB_ATTR_STR, 0));
+    assert_eq!(text(attrs[0].default_str), "sum");
+    assert_eq!((attrs[1].kind, attrs[1].n_default_ints), (sys::OPB_ATTR_INTS, 2));
+    // SAFETY: `n_default_ints` entries.
+    assert_eq!(unsafe { std::slice::from_raw_parts(attrs[1].default_ints, 2) }, [1, 2]);
+    assert_eq!(
+        (attrs[2].kind, attrs[2].flags),
+        (sys::OPB_ATTR_INT, sys::OPB_ATTR_NULLABLE | sys::OPB_ATTR_DEFAULT_NONE)
+    );
+}
+
+#[test]
+fn string_list_and_none_attributes_and_absent_inputs_reach_infer_and_run() {
+    let described = describe::<Combine>();
+    let desc = *described.desc();
+    let (infer, kernel) = (desc.infer.unwrap(), desc.cpu_kernel.unwrap());
+    let mut err = [0 as c_char; 256];
+
+    // Shape function: an absent `y` arrives as absent, a present one as present.
+    let infer_with = |inputs: &[sys::OpbMeta], call: &CombineCall, err: &mut [c_char; 256]| {
+        let mut out = sys::OpbMeta::default();
+        // SAFETY: two input metas, one output meta, valid attrs and buffer.
+        let status = unsafe { infer(inputs.as_ptr(), 2, &mut out, 1, &call.attrs(), err.as_mut_ptr(), err.len()) };
+        (status, out)
+    };
+    let sum = CombineCall::new("sum", &[1, 2], None);
+    let (status, out) = infer_with(&[meta(DType::I32, &[3]), absent_meta()], &sum, &mut err);
+    assert_eq!((status, out), (sys::OPB_OK, meta(DType::F64, &[3, 0])));
+    let (status, out) = infer_with(&[meta(DType::F64, &[3]), meta(DType::F64, &[3])], &sum, &mut err);
+    assert_eq!((status, out), (sys::OPB_OK, meta(DType::F64, &[3, 1])));
+    // The string is read: an unknown mode is the op's error.
+    let (status, _) =
+        infer_with(&[meta(DType::F64, &[3]), absent_meta()], &CombineCall::new("prod", &[], None), &mut err);
+    assert_eq!(
+        (status, text(err.as_ptr()).as_str()),
+        (sys::OPB_ERR_INVALID_ARGUMENT, "mode must be \"sum\" or \"max\"")
+    );
+
+    // Kernel: `y` present or absent (ndim OPB_ABSENT, null pointers), with every kind of value.
+    let x = [1.0f64, 5.0, -2.0];
+    let y = [4.0f64, 2.0, -3.0];
+    let (mut shape, mut strides) = ([3i64], [1i64]);
+    let (shape, strides) = (shape.as_mut_ptr(), strides.as_mut_ptr());
+    let tensor = |data: *const f64| sys::DLTensor {
+        data: data as *mut c_void,
+        device: sys::DLDevice { device_type: sys::kDLCPU, device_id: 0 },
+        ndim: 1,
+        dtype: DType::F64.to_dl(),
+        shape,
+        strides,
+        byte_offset: 0,
+    };
+    let absent = sys::DLTensor {
+        data: std::ptr::null_mut(),
+        device: sys::DLDevice { device_type: sys::kDLCPU, device_id: 0 },
+        ndim: sys::OPB_ABSENT,
+        dtype: sys::DLDataType::default(),
+        shape: std::ptr::null_mut(),
+        strides: std::ptr::null_mut(),
+        byte_offset: 0,
+    };
+    let run = |y: Option<&[f64; 3]>, call: &CombineCall| {
+        let mut out = [0.0f64; 3];
+        let inputs = [tensor(x.as_ptr()), y.map_or_else(|| sys::DLTensor { ..absent }, |y| tensor(y.as_ptr()))];
+        let mut output = tensor(out.as_mut_ptr());
+        let mut err = [0 as c_char; 256];
+        // SAFETY: two input tensors (one may be absent), one output, valid attrs and buffer.
+        let status = unsafe {
+            kernel(
+                inputs.as_ptr(),
+                2,
+                &mut output,
+                1,
+                &call.attrs(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                err.as_mut_ptr(),
+                err.len(),
+            )
+        };
+        assert_eq!(status, sys::OPB_OK, "{}", text(err.as_ptr()));
+        out
+    };
+    assert_eq!(run(Some(&y), &sum), [6.0, 9.0, -4.0]);
+    assert_eq!(run(None, &sum), [2.0, 7.0, -1.0]);
+    assert_eq!(run(Some(&y), &CombineCall::new("max", &[], None)), [4.0, 5.0, -2.0]);
+    assert_eq!(run(Some(&y), &CombineCall::new("sum", &[10, 20, 30], None)), [15.0, 27.0, 25.0]);
+    assert_eq!(run(None, &CombineCall::new("sum", &[], Some(3))), [3.0, 15.0, -6.0]);
+}
+
+#[test]
+fn the_input_dtypes_trampoline_writes_the_dtypes() {
+    let described = describe::<Combine>();
+    let choose = described.desc().input_dtypes.unwrap();
+    let call = CombineCall::new("sum", &[], None);
+    let mut err = [0 as c_char; 256];
+    let run = |inputs: [sys::OpbMeta; 2], err: &mut [c_char; 256]| {
+        // Prefilled as the host does: the inputs' own dtypes, zeroed for absent ones.
+        let mut dtypes = inputs.map(|m| if m.ndim == sys::OPB_ABSENT { Default::default() } else { m.dtype });
+        // SAFETY: two metas, two writable dtypes, valid attrs and buffer.
+        let status =
+            unsafe { choose(inputs.as_ptr(), 2, dtypes.as_mut_ptr(), &call.attrs(), err.as_mut_ptr(), err.len()) };
+        assert_eq!(status, sys::OPB_OK, "{}", text(err.as_ptr()));
+        dtypes
+    };
+    let f64_ = DType::F64.to_dl();
+    assert_eq!(run([meta(DType::I32, &[2]), absent_meta()], &mut err), [f64_, sys::DLDataType::default()]);
+    assert_eq!(run([meta(DType::F64, &[2]), meta(DType::I32, &[2])], &mut err), [f64_, f64_]);
+    assert_eq!(run([meta(DType::F64, &[2]), meta(DType::F64, &[2])], &mut err), [f64_, f64_]);
+}
+
+/// Declares an optional input that is not one of its inputs.
+struct BadOptional;
+
+impl Op for BadOptional {
+    const NAME: &'static str = "bad_optional";
+    const VERSION: u32 = 1;
+    const INPUTS: &'static [&'static str] = &["x"];
+    const OPTIONAL_INPUTS: &'static [&'static str] = &["w"];
+    const DTYPES: &'static [DType] = &[DType::F64];
+
+    fn infer(inputs: &Inputs<'_, Meta>, _attrs: &Attrs<'_>) -> Result<Vec<Meta>> {
+        Ok(vec![inputs[0].clone()])
+    }
+
+    fn run(_: &Inputs<'_, Tensor<'_>>, _: &mut [TensorMut<'_>], _: &Attrs<'_>, _: &mut [u8]) -> Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn an_optional_input_that_is_not_an_input_makes_init_fail() {
+    static CELL: opbridge_plugin_sdk::__private::PluginCell = opbridge_plugin_sdk::__private::PluginCell::new();
+    let host = sys::OpbPluginHost {
+        abi_version: sys::OPBRIDGE_PLUGIN_ABI_VERSION,
+        reserved0: 0,
+        runtime_version: c"test".as_ptr(),
+        reserved: [std::ptr::null_mut(); 4],
+    };
+    let mut info = sys::OpbPluginInfo::zeroed();
+    // SAFETY: valid host and info; what `export_plugin!` expands to, with another op list.
+    let status = unsafe {
+        opbridge_plugin_sdk::__private::init(&host, &mut info, &CELL, "bad", || vec![describe::<BadOptional>()])
+    };
+    assert_eq!((status, info.abi_version, info.n_ops), (sys::OPB_ERR_FAILED, 2, 0));
+    let message = text(info.error);
+    assert!(message.contains("optional input \"w\" of operator bad_optional is not one of its INPUTS"), "{message}");
 }

@@ -1,76 +1,9 @@
 //! Element types the runtime knows, their sizes, and numpy's promotion rules for `a + b`.
+//!
+//! The type is the plugin SDK's (`opbridge_plugin_sdk::DType`, a crate without dependencies):
+//! the runtime, the built-in operators and plugins share one definition.
 
-use std::fmt;
-
-/// An element type. Names and promotion follow numpy so results never surprise a numpy user.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum DType {
-    F16,
-    F32,
-    F64,
-    I32,
-    I64,
-}
-
-impl DType {
-    pub const ALL: [DType; 5] = [DType::F16, DType::F32, DType::F64, DType::I32, DType::I64];
-
-    /// Size of one element in bytes.
-    pub const fn size(self) -> usize {
-        match self {
-            DType::F16 => 2,
-            DType::F32 | DType::I32 => 4,
-            DType::F64 | DType::I64 => 8,
-        }
-    }
-
-    /// numpy's name for the type (`"float32"`, ...).
-    pub const fn name(self) -> &'static str {
-        match self {
-            DType::F16 => "float16",
-            DType::F32 => "float32",
-            DType::F64 => "float64",
-            DType::I32 => "int32",
-            DType::I64 => "int64",
-        }
-    }
-
-    pub fn from_name(name: &str) -> Option<DType> {
-        DType::ALL.into_iter().find(|d| d.name() == name)
-    }
-
-    pub const fn is_float(self) -> bool {
-        matches!(self, DType::F16 | DType::F32 | DType::F64)
-    }
-
-    /// The result type of `a + b` under numpy's rules for arrays (NEP 50): the smallest type
-    /// that holds both exactly, with any int mixed with float16 going to float64 the way
-    /// numpy does for int32/int64.
-    pub fn promote(self, other: DType) -> DType {
-        use DType::*;
-        if self == other {
-            return self;
-        }
-        match (self.is_float(), other.is_float()) {
-            (true, true) => self.max(other), // F16 < F32 < F64 in declaration order
-            (false, false) => I64,
-            _ => {
-                let (float, int) = if self.is_float() { (self, other) } else { (other, self) };
-                // float64 is the smallest float that holds every int32/int64 the way numpy decides.
-                match (float, int) {
-                    (F64, _) | (_, I32 | I64) => F64,
-                    _ => float,
-                }
-            }
-        }
-    }
-}
-
-impl fmt::Display for DType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+pub use opbridge_plugin_sdk::DType;
 
 #[cfg(test)]
 mod tests {

@@ -99,12 +99,14 @@ static int scale_add_v2(const DLTensor *in, int n_in, DLTensor *out, int n_out, 
 
 static const char *const inputs[] = {"a", "b"};
 static const DLDataType dtypes[] = {OPB_FLOAT32, OPB_FLOAT64};
+/* Designated initializers: fields left out are zero (no flags, no other defaults), and the
+ * descriptors stay correct when the ABI adds fields. */
 static const OpbAttrDesc attrs_v1[] = {
-    {"alpha", OPB_ATTR_FLOAT, 0, 0, 1.0, "factor of a"},
+    {.name = "alpha", .kind = OPB_ATTR_FLOAT, .default_float = 1.0, .doc = "factor of a"},
 };
 static const OpbAttrDesc attrs_v2[] = {
-    {"alpha", OPB_ATTR_FLOAT, 0, 0, 1.0, "factor of a"},
-    {"beta", OPB_ATTR_FLOAT, 0, 0, 1.0, "factor of b"},
+    {.name = "alpha", .kind = OPB_ATTR_FLOAT, .default_float = 1.0, .doc = "factor of a"},
+    {.name = "beta", .kind = OPB_ATTR_FLOAT, .default_float = 1.0, .doc = "factor of b"},
 };
 
 static const OpbOpDesc ops[] = {

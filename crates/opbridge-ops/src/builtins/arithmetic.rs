@@ -2,9 +2,11 @@
 //! unary math and activations, dtype casts and layout copies.
 #![allow(unsafe_code)] // kernels run on views whose validity the registry's callers guarantee.
 
-use opbridge_runtime::DType;
+use std::sync::Arc;
 
-use super::{kernel, required};
+use opbridge_plugin_sdk::{Attr, Attrs, DType, InputDtypesFn, Inputs, Meta, Op, Tensor, TensorMut};
+
+use super::{kernel, promote_both, OpResult};
 use crate::error::{OpError, Result};
 use crate::kernels::binary::{
     axpy as axpy_kernel, binary, binary_contiguous, binary_lane_accepts, binary_result_dtype, BinaryOp,
@@ -12,32 +14,48 @@ use crate::kernels::binary::{
 use crate::kernels::broadcast::broadcast_shapes;
 use crate::kernels::cast::cast_view;
 use crate::kernels::unary::{unary, unary_contiguous, unary_lane_accepts, unary_result_dtype, UnaryOp};
-use crate::registry::{OpBuilder, OpDef};
-use crate::schema::{AttrValue, Meta};
+use crate::native::{self, view, view_mut};
+use crate::registry::Operator;
 use crate::view::TensorView;
 
 const FLOATS: [DType; 3] = [DType::F16, DType::F32, DType::F64];
 
-pub fn all() -> Result<Vec<OpDef>> {
-    let mut ops = Vec::new();
-    for op in BinaryOp::ALL {
-        ops.push(binary_op(op)?);
-    }
-    for op in UnaryOp::ALL {
-        // The two gelu forms are one operator with `approximate=`, as in PyTorch.
-        if !matches!(op, UnaryOp::GeluErf | UnaryOp::GeluTanh) {
-            ops.push(unary_op(op)?);
-        }
-    }
-    ops.push(axpy()?);
-    ops.push(gelu()?);
-    ops.push(cast()?);
-    ops.push(contiguous()?);
-    ops.push(transpose()?);
-    Ok(ops)
+pub fn all() -> Result<Vec<Arc<dyn Operator>>> {
+    Ok(vec![
+        binary_op::<0>()?,
+        binary_op::<1>()?,
+        binary_op::<2>()?,
+        binary_op::<3>()?,
+        binary_op::<4>()?,
+        binary_op::<5>()?,
+        binary_op::<6>()?,
+        // `UnaryOp::ALL` less the two gelu forms (8, 9): one operator with `approximate=`, as
+        // in PyTorch (`Unary` refuses them at compile time).
+        unary_op::<0>()?,
+        unary_op::<1>()?,
+        unary_op::<2>()?,
+        unary_op::<3>()?,
+        unary_op::<4>()?,
+        unary_op::<5>()?,
+        unary_op::<6>()?,
+        unary_op::<7>()?,
+        unary_op::<10>()?,
+        Arc::new(native::op::<Axpy>()?),
+        Arc::new(native::op::<Gelu>()?.with_lane(
+            // The lane serves calls without attributes: the default, erf form.
+            |dtype| unary_lane_accepts(UnaryOp::GeluErf, dtype),
+            |dtype, inputs, out, len| unary_lane(UnaryOp::GeluErf, dtype, inputs, out, len),
+        )),
+        Arc::new(native::op::<Cast>()?),
+        Arc::new(native::op::<Contiguous>()?),
+        Arc::new(native::op::<Transpose>()?),
+    ])
 }
 
-fn binary_doc(op: BinaryOp) -> &'static str {
+// Every binary and unary kernel op has its operator above.
+const _: () = assert!(BinaryOp::ALL.len() == 7 && UnaryOp::ALL.len() == 11);
+
+const fn binary_doc(op: BinaryOp) -> &'static str {
     match op {
         BinaryOp::Add => "Elementwise `a + b` (numpy's `np.add`), with broadcasting. Integers wrap on overflow.",
         BinaryOp::Sub => "Elementwise `a - b` (numpy's `np.subtract`), with broadcasting.",
@@ -56,69 +74,94 @@ fn broadcast_meta(op: &'static str, a: &Meta, b: &Meta, dtype: DType) -> Result<
         expected: "broadcastable shapes".into(),
         got: message,
     })?;
-    Ok(Meta { dtype, shape: shape.into() })
+    Ok(Meta { dtype, shape })
 }
 
-fn binary_op(op: BinaryOp) -> Result<OpDef> {
-    let name = op.name();
-    OpBuilder::new(name, 1)
-        .doc(binary_doc(op))
-        .input("a")
-        .input("b")
-        .cast(move |inputs, _| {
-            let dtype = binary_result_dtype(op, required(inputs, 0).dtype, required(inputs, 1).dtype);
-            Ok(vec![Some(dtype), Some(dtype)])
-        })
-        .infer(move |inputs, _| {
-            let (a, b) = (required(inputs, 0), required(inputs, 1));
-            Ok(vec![broadcast_meta(name, a, b, binary_result_dtype(op, a.dtype, b.dtype))?])
-        })
-        .cpu(move |inputs, outputs, _| {
-            let (a, b) = (inputs[0].as_ref().expect("a"), inputs[1].as_ref().expect("b"));
-            // SAFETY: views valid per the registry's contract; the output is disjoint from the
-            // inputs or exactly one of them (`in_place_ok`).
-            unsafe { binary(op, a, b, &outputs[0]) }.map_err(kernel(name))
-        })
-        .in_place_ok()
-        .lane(
-            move |dtype| binary_lane_accepts(op, dtype),
-            move |dtype, inputs, out, len| {
-                // SAFETY: the lane's contract (see `Lane::run`), which is `binary_contiguous`'s.
-                unsafe { binary_contiguous(op, dtype, inputs[0], inputs[1], out, len) };
-                Ok(())
-            },
-        )
-        .build()
+/// The binary operator `BinaryOp::ALL[K]`, with its fast lane.
+fn binary_op<const K: usize>() -> Result<Arc<dyn Operator>> {
+    let op = Binary::<K>::OP;
+    Ok(Arc::new(native::op::<Binary<K>>()?.with_lane(
+        move |dtype| binary_lane_accepts(op, dtype),
+        move |dtype, inputs, out, len| {
+            // SAFETY: the lane's contract (see `Lane::run`), which is `binary_contiguous`'s.
+            unsafe { binary_contiguous(op, dtype, inputs[0], inputs[1], out, len) };
+            Ok(())
+        },
+    )))
+}
+
+/// The binary operator `BinaryOp::ALL[K]`.
+struct Binary<const K: usize>;
+
+impl<const K: usize> Binary<K> {
+    const OP: BinaryOp = BinaryOp::ALL[K];
+
+    fn input_dtypes(inputs: &Inputs<'_, Meta>, _: &Attrs<'_>) -> OpResult<Vec<Option<DType>>> {
+        let dtype = binary_result_dtype(Self::OP, inputs[0].dtype, inputs[1].dtype);
+        Ok(vec![Some(dtype), Some(dtype)])
+    }
+}
+
+impl<const K: usize> Op for Binary<K> {
+    const NAME: &'static str = Self::OP.name();
+    const VERSION: u32 = 1;
+    const DOC: &'static str = binary_doc(Self::OP);
+    const INPUTS: &'static [&'static str] = &["a", "b"];
+    const DTYPES: &'static [DType] = &DType::ALL;
+    const INPUT_DTYPES: Option<InputDtypesFn> = Some(Self::input_dtypes);
+    const IN_PLACE: bool = true;
+
+    fn infer(inputs: &Inputs<'_, Meta>, _: &Attrs<'_>) -> OpResult<Vec<Meta>> {
+        let (a, b) = (&inputs[0], &inputs[1]);
+        Ok(vec![broadcast_meta(Self::NAME, a, b, binary_result_dtype(Self::OP, a.dtype, b.dtype))?])
+    }
+
+    fn run(
+        inputs: &Inputs<'_, Tensor<'_>>,
+        outputs: &mut [TensorMut<'_>],
+        _: &Attrs<'_>,
+        _: &mut [u8],
+    ) -> OpResult<()> {
+        let (a, b, out) = (view(&inputs[0]), view(&inputs[1]), view_mut(&mut outputs[0]));
+        // SAFETY: views valid per the registry's contract; the output is disjoint from the
+        // inputs or exactly one of them (`IN_PLACE`).
+        Ok(unsafe { binary(Self::OP, &a, &b, &out) }.map_err(kernel(Self::NAME))?)
+    }
 }
 
 /// BLAS's axpy, `alpha * x + y`: a float attribute on a binary elementwise op (the built-in
 /// twin of the example plugins' `scale_add`, which `benchmarks/bench_plugin.py` compares).
-fn axpy() -> Result<OpDef> {
-    OpBuilder::new("axpy", 1)
-        .doc("Elementwise `alpha * x + y` (BLAS's axpy), with broadcasting; float dtypes.")
-        .input("x")
-        .input("y")
-        .attr("alpha", Some(AttrValue::Float(1.0)), "factor of x")
-        .dtypes(&FLOATS)
-        .cast(|inputs, _| {
-            let dtype = required(inputs, 0).dtype.promote(required(inputs, 1).dtype);
-            Ok(vec![Some(dtype), Some(dtype)])
-        })
-        .infer(|inputs, _| {
-            let (x, y) = (required(inputs, 0), required(inputs, 1));
-            Ok(vec![broadcast_meta("axpy", x, y, x.dtype.promote(y.dtype))?])
-        })
-        .cpu(|inputs, outputs, attrs| {
-            let alpha = attrs.float("alpha")?;
-            let (x, y) = (inputs[0].as_ref().expect("x"), inputs[1].as_ref().expect("y"));
-            // SAFETY: as for the binary operators.
-            unsafe { axpy_kernel(alpha, x, y, &outputs[0]) }.map_err(kernel("axpy"))
-        })
-        .in_place_ok()
-        .build()
+struct Axpy;
+
+impl Op for Axpy {
+    const NAME: &'static str = "axpy";
+    const VERSION: u32 = 1;
+    const DOC: &'static str = "Elementwise `alpha * x + y` (BLAS's axpy), with broadcasting; float dtypes.";
+    const INPUTS: &'static [&'static str] = &["x", "y"];
+    const ATTRS: &'static [Attr] = &[Attr::float("alpha", 1.0).doc("factor of x")];
+    const DTYPES: &'static [DType] = &FLOATS;
+    const INPUT_DTYPES: Option<InputDtypesFn> = Some(promote_both);
+    const IN_PLACE: bool = true;
+
+    fn infer(inputs: &Inputs<'_, Meta>, _: &Attrs<'_>) -> OpResult<Vec<Meta>> {
+        let (x, y) = (&inputs[0], &inputs[1]);
+        Ok(vec![broadcast_meta(Self::NAME, x, y, x.dtype.promote(y.dtype))?])
+    }
+
+    fn run(
+        inputs: &Inputs<'_, Tensor<'_>>,
+        outputs: &mut [TensorMut<'_>],
+        attrs: &Attrs<'_>,
+        _: &mut [u8],
+    ) -> OpResult<()> {
+        let alpha = attrs.float("alpha")?;
+        let (x, y, out) = (view(&inputs[0]), view(&inputs[1]), view_mut(&mut outputs[0]));
+        // SAFETY: as for the binary operators.
+        Ok(unsafe { axpy_kernel(alpha, &x, &y, &out) }.map_err(kernel(Self::NAME))?)
+    }
 }
 
-fn unary_doc(op: UnaryOp) -> &'static str {
+const fn unary_doc(op: UnaryOp) -> &'static str {
     match op {
         UnaryOp::Neg => "Elementwise `-x`.",
         UnaryOp::Abs => "Elementwise absolute value (`abs` of the most negative integer wraps, as in numpy).",
@@ -133,26 +176,54 @@ fn unary_doc(op: UnaryOp) -> &'static str {
     }
 }
 
-fn unary_op(op: UnaryOp) -> Result<OpDef> {
-    let name = op.name();
-    OpBuilder::new(name, 1)
-        .doc(unary_doc(op))
-        .input("x")
-        .cast(move |inputs, _| Ok(vec![Some(unary_result_dtype(op, required(inputs, 0).dtype))]))
-        .infer(move |inputs, _| {
-            let x = required(inputs, 0);
-            Ok(vec![Meta { dtype: unary_result_dtype(op, x.dtype), shape: x.shape.clone() }])
-        })
-        .cpu(move |inputs, outputs, _| {
-            // SAFETY: as for the binary operators.
-            unsafe { unary(op, inputs[0].as_ref().expect("x"), &outputs[0]) }.map_err(kernel(name))
-        })
-        .in_place_ok()
-        .lane(
-            move |dtype| unary_lane_accepts(op, dtype),
-            move |dtype, inputs, out, len| unary_lane(op, dtype, inputs, out, len),
-        )
-        .build()
+/// The unary operator `UnaryOp::ALL[K]`, with its fast lane.
+fn unary_op<const K: usize>() -> Result<Arc<dyn Operator>> {
+    let op = Unary::<K>::OP;
+    Ok(Arc::new(native::op::<Unary<K>>()?.with_lane(
+        move |dtype| unary_lane_accepts(op, dtype),
+        move |dtype, inputs, out, len| unary_lane(op, dtype, inputs, out, len),
+    )))
+}
+
+/// The unary operator `UnaryOp::ALL[K]` (not a gelu form: those are [`Gelu`]).
+struct Unary<const K: usize>;
+
+impl<const K: usize> Unary<K> {
+    const OP: UnaryOp = {
+        let op = UnaryOp::ALL[K];
+        assert!(!matches!(op, UnaryOp::GeluErf | UnaryOp::GeluTanh), "the gelu forms are the `gelu` operator");
+        op
+    };
+
+    fn input_dtypes(inputs: &Inputs<'_, Meta>, _: &Attrs<'_>) -> OpResult<Vec<Option<DType>>> {
+        Ok(vec![Some(unary_result_dtype(Self::OP, inputs[0].dtype))])
+    }
+}
+
+impl<const K: usize> Op for Unary<K> {
+    const NAME: &'static str = Self::OP.name();
+    const VERSION: u32 = 1;
+    const DOC: &'static str = unary_doc(Self::OP);
+    const INPUTS: &'static [&'static str] = &["x"];
+    const DTYPES: &'static [DType] = &DType::ALL;
+    const INPUT_DTYPES: Option<InputDtypesFn> = Some(Self::input_dtypes);
+    const IN_PLACE: bool = true;
+
+    fn infer(inputs: &Inputs<'_, Meta>, _: &Attrs<'_>) -> OpResult<Vec<Meta>> {
+        let x = &inputs[0];
+        Ok(vec![Meta::new(unary_result_dtype(Self::OP, x.dtype), &x.shape)])
+    }
+
+    fn run(
+        inputs: &Inputs<'_, Tensor<'_>>,
+        outputs: &mut [TensorMut<'_>],
+        _: &Attrs<'_>,
+        _: &mut [u8],
+    ) -> OpResult<()> {
+        let (x, out) = (view(&inputs[0]), view_mut(&mut outputs[0]));
+        // SAFETY: as for the binary operators.
+        Ok(unsafe { unary(Self::OP, &x, &out) }.map_err(kernel(Self::NAME))?)
+    }
 }
 
 fn unary_lane(op: UnaryOp, dtype: DType, inputs: &[usize], out: usize, len: usize) -> Result<()> {
@@ -171,83 +242,110 @@ fn gelu_form(approximate: &str) -> Result<UnaryOp> {
     }
 }
 
-fn gelu() -> Result<OpDef> {
-    OpBuilder::new("gelu", 1)
-        .doc(
-            "GELU activation: `x * Phi(x)` with the exact erf form, or the tanh approximation with approximate='tanh'.",
-        )
-        .input("x")
-        .attr("approximate", Some(AttrValue::Str("none".into())), "'none' (erf form) or 'tanh'.")
-        .dtypes(&FLOATS)
-        .infer(|inputs, attrs| {
-            gelu_form(attrs.str("approximate")?)?;
-            Ok(vec![required(inputs, 0).clone()])
-        })
-        .cpu(|inputs, outputs, attrs| {
-            let op = gelu_form(attrs.str("approximate")?)?;
-            // SAFETY: as for the binary operators.
-            unsafe { unary(op, inputs[0].as_ref().expect("x"), &outputs[0]) }.map_err(kernel("gelu"))
-        })
-        .in_place_ok()
-        // The lane serves calls without attributes: the default, erf form.
-        .lane(
-            |dtype| unary_lane_accepts(UnaryOp::GeluErf, dtype),
-            |dtype, inputs, out, len| unary_lane(UnaryOp::GeluErf, dtype, inputs, out, len),
-        )
-        .build()
+struct Gelu;
+
+impl Op for Gelu {
+    const NAME: &'static str = "gelu";
+    const VERSION: u32 = 1;
+    const DOC: &'static str =
+        "GELU activation: `x * Phi(x)` with the exact erf form, or the tanh approximation with approximate='tanh'.";
+    const INPUTS: &'static [&'static str] = &["x"];
+    const ATTRS: &'static [Attr] = &[Attr::str("approximate", "none").doc("'none' (erf form) or 'tanh'.")];
+    const DTYPES: &'static [DType] = &FLOATS;
+    const IN_PLACE: bool = true;
+
+    fn infer(inputs: &Inputs<'_, Meta>, attrs: &Attrs<'_>) -> OpResult<Vec<Meta>> {
+        gelu_form(attrs.str("approximate")?)?;
+        Ok(vec![inputs[0].clone()])
+    }
+
+    fn run(
+        inputs: &Inputs<'_, Tensor<'_>>,
+        outputs: &mut [TensorMut<'_>],
+        attrs: &Attrs<'_>,
+        _: &mut [u8],
+    ) -> OpResult<()> {
+        let op = gelu_form(attrs.str("approximate")?)?;
+        let (x, out) = (view(&inputs[0]), view_mut(&mut outputs[0]));
+        // SAFETY: as for the binary operators.
+        Ok(unsafe { unary(op, &x, &out) }.map_err(kernel(Self::NAME))?)
+    }
 }
 
-fn target_dtype(attrs: &crate::schema::Attrs) -> Result<DType> {
-    let name = attrs.str("dtype")?;
-    DType::from_name(name).ok_or_else(|| OpError::unsupported_dtype("cast", &DType::ALL, name))
+struct Cast;
+
+impl Op for Cast {
+    const NAME: &'static str = "cast";
+    const VERSION: u32 = 1;
+    const DOC: &'static str =
+        "A copy converted to `dtype` (numpy's `astype`): floats to ints truncate toward zero, ints wrap.";
+    const INPUTS: &'static [&'static str] = &["x"];
+    const ATTRS: &'static [Attr] =
+        &[Attr::str("dtype", "").required().doc("Target dtype name: float16, float32, float64, int32 or int64.")];
+    const DTYPES: &'static [DType] = &DType::ALL;
+
+    fn infer(inputs: &Inputs<'_, Meta>, attrs: &Attrs<'_>) -> OpResult<Vec<Meta>> {
+        let name = attrs.str("dtype")?;
+        let dtype = DType::from_name(name).ok_or_else(|| OpError::unsupported_dtype("cast", &DType::ALL, name))?;
+        Ok(vec![Meta::new(dtype, &inputs[0].shape)])
+    }
+
+    fn run(
+        inputs: &Inputs<'_, Tensor<'_>>,
+        outputs: &mut [TensorMut<'_>],
+        _: &Attrs<'_>,
+        _: &mut [u8],
+    ) -> OpResult<()> {
+        let (x, out) = (view(&inputs[0]), view_mut(&mut outputs[0]));
+        // SAFETY: views valid per the registry's contract; the output is disjoint.
+        Ok(unsafe { cast_view(&x, &out) }.map_err(kernel(Self::NAME))?)
+    }
 }
 
-fn cast() -> Result<OpDef> {
-    OpBuilder::new("cast", 1)
-        .doc("A copy converted to `dtype` (numpy's `astype`): floats to ints truncate toward zero, ints wrap.")
-        .input("x")
-        .attr("dtype", None, "Target dtype name: float16, float32, float64, int32 or int64.")
-        .infer(|inputs, attrs| Ok(vec![Meta { dtype: target_dtype(attrs)?, shape: required(inputs, 0).shape.clone() }]))
-        .cpu(|inputs, outputs, _| {
-            // SAFETY: views valid per the registry's contract; the output is disjoint.
-            unsafe { cast_view(inputs[0].as_ref().expect("x"), &outputs[0]) }.map_err(kernel("cast"))
-        })
-        .build()
+struct Contiguous;
+
+impl Op for Contiguous {
+    const NAME: &'static str = "contiguous";
+    const VERSION: u32 = 1;
+    const DOC: &'static str = "A C-contiguous copy of `x` (numpy's `ascontiguousarray`, always copying).";
+    const INPUTS: &'static [&'static str] = &["x"];
+    const DTYPES: &'static [DType] = &DType::ALL;
+
+    fn infer(inputs: &Inputs<'_, Meta>, _: &Attrs<'_>) -> OpResult<Vec<Meta>> {
+        Ok(vec![inputs[0].clone()])
+    }
+
+    fn run(
+        inputs: &Inputs<'_, Tensor<'_>>,
+        outputs: &mut [TensorMut<'_>],
+        _: &Attrs<'_>,
+        _: &mut [u8],
+    ) -> OpResult<()> {
+        let (x, out) = (view(&inputs[0]), view_mut(&mut outputs[0]));
+        // SAFETY: as for `Cast`.
+        Ok(unsafe { cast_view(&x, &out) }.map_err(kernel(Self::NAME))?)
+    }
 }
 
-fn contiguous() -> Result<OpDef> {
-    OpBuilder::new("contiguous", 1)
-        .doc("A C-contiguous copy of `x` (numpy's `ascontiguousarray`, always copying).")
-        .input("x")
-        .infer(|inputs, _| Ok(vec![required(inputs, 0).clone()]))
-        .cpu(|inputs, outputs, _| {
-            // SAFETY: as for `cast`.
-            unsafe { cast_view(inputs[0].as_ref().expect("x"), &outputs[0]) }.map_err(kernel("contiguous"))
-        })
-        .build()
-}
-
-/// The permutation `axes` (default: reversed), checked like numpy's `transpose`.
-fn permutation(ndim: usize, axes: &crate::schema::AttrValue) -> Result<Vec<usize>> {
-    let bad = |message: String| OpError::Shape {
+/// The permutation `axes` (`None`: reversed), checked like numpy's `transpose`.
+fn permutation(ndim: usize, axes: Option<&[i64]>) -> Result<Vec<usize>> {
+    let Some(axes) = axes else {
+        return Ok((0..ndim).rev().collect());
+    };
+    let bad = || OpError::Shape {
         op: "transpose",
         expected: format!("a permutation of 0..{ndim}"),
-        got: message,
-    };
-    let axes: Vec<i64> = match axes {
-        AttrValue::None => return Ok((0..ndim).rev().collect()),
-        AttrValue::Ints(v) => v.clone(),
-        other => return Err(bad(format!("{other}"))),
+        got: format!("{axes:?}"),
     };
     if axes.len() != ndim {
-        return Err(bad(format!("{axes:?}")));
+        return Err(bad());
     }
     let mut seen = vec![false; ndim];
     let mut perm = Vec::with_capacity(ndim);
-    for &axis in &axes {
+    for &axis in axes {
         let a = if axis < 0 { axis + ndim as i64 } else { axis };
         if a < 0 || a >= ndim as i64 || seen[a as usize] {
-            return Err(bad(format!("{axes:?}")));
+            return Err(bad());
         }
         seen[a as usize] = true;
         perm.push(a as usize);
@@ -255,27 +353,41 @@ fn permutation(ndim: usize, axes: &crate::schema::AttrValue) -> Result<Vec<usize
     Ok(perm)
 }
 
-fn transpose() -> Result<OpDef> {
-    OpBuilder::new("transpose", 1)
-        .doc("A contiguous copy of `x` with its axes permuted (`axes`, default reversed), like `np.transpose(x, axes).copy()`.")
-        .input("x")
-        .attr("axes", Some(AttrValue::None), "Permutation of the axes; None reverses them.")
-        .infer(|inputs, attrs| {
-            let x = required(inputs, 0);
-            let perm = permutation(x.shape.len(), attrs.get("axes").unwrap_or(&AttrValue::None))?;
-            Ok(vec![Meta { dtype: x.dtype, shape: perm.iter().map(|&a| x.shape[a]).collect() }])
-        })
-        .cpu(|inputs, outputs, attrs| {
-            let x = inputs[0].as_ref().expect("x");
-            let perm = permutation(x.ndim(), attrs.get("axes").unwrap_or(&AttrValue::None))?;
-            let permuted = TensorView {
-                data: x.data,
-                dtype: x.dtype,
-                shape: perm.iter().map(|&a| x.shape[a]).collect(),
-                strides: perm.iter().map(|&a| x.strides[a]).collect(),
-            };
-            // SAFETY: a permutation of a valid view is valid; the output is disjoint.
-            unsafe { cast_view(&permuted, &outputs[0]) }.map_err(kernel("transpose"))
-        })
-        .build()
+struct Transpose;
+
+impl Op for Transpose {
+    const NAME: &'static str = "transpose";
+    const VERSION: u32 = 1;
+    const DOC: &'static str = concat!(
+        "A contiguous copy of `x` with its axes permuted (`axes`, default reversed), ",
+        "like `np.transpose(x, axes).copy()`."
+    );
+    const INPUTS: &'static [&'static str] = &["x"];
+    const ATTRS: &'static [Attr] =
+        &[Attr::ints("axes", &[]).default_none().doc("Permutation of the axes; None reverses them.")];
+    const DTYPES: &'static [DType] = &DType::ALL;
+
+    fn infer(inputs: &Inputs<'_, Meta>, attrs: &Attrs<'_>) -> OpResult<Vec<Meta>> {
+        let x = &inputs[0];
+        let perm = permutation(x.shape.len(), attrs.opt_ints("axes")?)?;
+        Ok(vec![Meta { dtype: x.dtype, shape: perm.iter().map(|&a| x.shape[a]).collect() }])
+    }
+
+    fn run(
+        inputs: &Inputs<'_, Tensor<'_>>,
+        outputs: &mut [TensorMut<'_>],
+        attrs: &Attrs<'_>,
+        _: &mut [u8],
+    ) -> OpResult<()> {
+        let (x, out) = (view(&inputs[0]), view_mut(&mut outputs[0]));
+        let perm = permutation(x.ndim(), attrs.opt_ints("axes")?)?;
+        let permuted = TensorView {
+            data: x.data,
+            dtype: x.dtype,
+            shape: perm.iter().map(|&a| x.shape[a]).collect(),
+            strides: perm.iter().map(|&a| x.strides[a]).collect(),
+        };
+        // SAFETY: a permutation of a valid view is valid; the output is disjoint.
+        Ok(unsafe { cast_view(&permuted, &out) }.map_err(kernel(Self::NAME))?)
+    }
 }

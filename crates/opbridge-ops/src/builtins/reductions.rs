@@ -1,16 +1,18 @@
 //! Reductions, normalizations, embedding bags and batched matmul.
 #![allow(unsafe_code)] // kernels run on views whose validity the registry's callers guarantee.
 
-use opbridge_runtime::DType;
+use std::sync::Arc;
 
-use super::{kernel, required};
+use opbridge_plugin_sdk::{Attr, Attrs, DType, InputDtypesFn, Inputs, Meta, Op, Tensor, TensorMut};
+
+use super::{kernel, promote_both, OpResult};
 use crate::error::{OpError, Result};
 use crate::kernels::batched::{batched_matmul, matmul_shapes};
 use crate::kernels::embedding::{embedding_bag, BagMode};
 use crate::kernels::nn;
 use crate::kernels::reduce::{normalize_axis, reduce, reduce_result_dtype, reduce_shape, ReduceOp};
-use crate::registry::{OpBuilder, OpDef};
-use crate::schema::{AttrValue, Attrs, Meta};
+use crate::native::{self, view, view_mut};
+use crate::registry::Operator;
 
 const FLOATS: [DType; 3] = [DType::F16, DType::F32, DType::F64];
 const INTS: [DType; 2] = [DType::I32, DType::I64];
@@ -19,25 +21,45 @@ fn shape_error(op: &'static str) -> impl Fn(String) -> OpError {
     move |message| OpError::Shape { op, expected: "a valid axis and shape".into(), got: message }
 }
 
-pub fn all() -> Result<Vec<OpDef>> {
-    let mut ops = Vec::new();
-    for op in ReduceOp::ALL {
-        ops.push(reduction(op)?);
+pub fn all() -> Result<Vec<Arc<dyn Operator>>> {
+    fn arc<O: Op>() -> Result<Arc<dyn Operator>> {
+        Ok(Arc::new(native::op::<O>()?))
     }
-    ops.push(softmax("softmax", false)?);
-    ops.push(softmax("log_softmax", true)?);
-    ops.push(layer_norm()?);
-    ops.push(rms_norm()?);
-    ops.push(embedding()?);
-    ops.push(batched()?);
-    Ok(ops)
+    const _: () = assert!(ReduceOp::ALL.len() == 5, "register every reduction below");
+    Ok(vec![
+        arc::<Reduction<0>>()?,
+        arc::<Reduction<1>>()?,
+        arc::<Reduction<2>>()?,
+        arc::<Reduction<3>>()?,
+        arc::<Reduction<4>>()?,
+        arc::<Softmax<false>>()?,
+        arc::<Softmax<true>>()?,
+        arc::<LayerNorm>()?,
+        arc::<RmsNorm>()?,
+        arc::<EmbeddingBag>()?,
+        arc::<BatchedMatmul>()?,
+    ])
 }
 
-fn axis_of(attrs: &Attrs) -> Result<Option<isize>> {
-    Ok(attrs.opt_int("axis")?.map(|a| a as isize))
+/// `ReduceOp::ALL[K]` (`sum`, `mean`, `max`, `min`, `argmax`).
+struct Reduction<const K: usize>;
+
+impl<const K: usize> Reduction<K> {
+    const OP: ReduceOp = ReduceOp::ALL[K];
+    const KEEPDIMS: bool = !matches!(Self::OP, ReduceOp::ArgMax);
+
+    fn axis(attrs: &Attrs<'_>) -> OpResult<Option<isize>> {
+        Ok(attrs.opt_int("axis")?.map(|a| a as isize))
+    }
 }
 
-fn reduction_doc(op: ReduceOp) -> &'static str {
+const AXIS_ATTR: Attr =
+    Attr::int("axis", 0).default_none().doc("Axis to reduce (negative counts from the end); None: all.");
+const REDUCE_ATTRS: &[Attr] = &[AXIS_ATTR, Attr::bool("keepdims", false).doc("Keep reduced axes with size 1.")];
+/// argmax takes no `keepdims`.
+const ARGMAX_ATTRS: &[Attr] = &[AXIS_ATTR];
+
+const fn reduction_doc(op: ReduceOp) -> &'static str {
     match op {
         ReduceOp::Sum => "Sum over `axis` (all axes when None), pairwise like numpy; int32 sums give int64.",
         ReduceOp::Mean => "Arithmetic mean over `axis` (all when None); integers give float64; empty gives nan.",
@@ -47,57 +69,72 @@ fn reduction_doc(op: ReduceOp) -> &'static str {
     }
 }
 
-fn reduction(op: ReduceOp) -> Result<OpDef> {
-    let name = op.name();
-    let mut builder = OpBuilder::new(name, 1).doc(reduction_doc(op)).input("x");
-    builder = builder.attr("axis", Some(AttrValue::None), "Axis to reduce (negative counts from the end); None: all.");
-    if op != ReduceOp::ArgMax {
-        builder = builder.attr("keepdims", Some(AttrValue::Bool(false)), "Keep reduced axes with size 1.");
+impl<const K: usize> Op for Reduction<K> {
+    const NAME: &'static str = Self::OP.name();
+    const VERSION: u32 = 1;
+    const DOC: &'static str = reduction_doc(Self::OP);
+    const INPUTS: &'static [&'static str] = &["x"];
+    const ATTRS: &'static [Attr] = if Self::KEEPDIMS { REDUCE_ATTRS } else { ARGMAX_ATTRS };
+    const DTYPES: &'static [DType] = &DType::ALL;
+
+    fn infer(inputs: &Inputs<'_, Meta>, attrs: &Attrs<'_>) -> OpResult<Vec<Meta>> {
+        let x = &inputs[0];
+        let keepdims = Self::KEEPDIMS && attrs.bool("keepdims")?;
+        let shape = reduce_shape(&x.shape, Self::axis(attrs)?, keepdims).map_err(shape_error(Self::NAME))?;
+        Ok(vec![Meta { dtype: reduce_result_dtype(Self::OP, x.dtype), shape }])
     }
-    builder
-        .infer(move |inputs, attrs| {
-            let x = required(inputs, 0);
-            let keepdims = op != ReduceOp::ArgMax && attrs.bool("keepdims")?;
-            let shape = reduce_shape(&x.shape, axis_of(attrs)?, keepdims).map_err(shape_error(name))?;
-            Ok(vec![Meta { dtype: reduce_result_dtype(op, x.dtype), shape: shape.into() }])
-        })
-        .cpu(move |inputs, outputs, attrs| {
-            // SAFETY: views valid per the registry's contract; the output is disjoint.
-            unsafe { reduce(op, inputs[0].as_ref().expect("x"), axis_of(attrs)?, &outputs[0]) }.map_err(kernel(name))
-        })
-        .build()
+
+    fn run(
+        inputs: &Inputs<'_, Tensor<'_>>,
+        outputs: &mut [TensorMut<'_>],
+        attrs: &Attrs<'_>,
+        _: &mut [u8],
+    ) -> OpResult<()> {
+        let (x, out) = (view(&inputs[0]), view_mut(&mut outputs[0]));
+        // SAFETY: views valid per the registry's contract; the output is disjoint.
+        Ok(unsafe { reduce(Self::OP, &x, Self::axis(attrs)?, &out) }.map_err(kernel(Self::NAME))?)
+    }
 }
 
-fn softmax(name: &'static str, log: bool) -> Result<OpDef> {
-    let doc = if log {
+/// `softmax`, or `log_softmax` when `LOG`.
+struct Softmax<const LOG: bool>;
+
+impl<const LOG: bool> Op for Softmax<LOG> {
+    const NAME: &'static str = if LOG { "log_softmax" } else { "softmax" };
+    const VERSION: u32 = 1;
+    const DOC: &'static str = if LOG {
         "log(softmax(x)) along `axis`, computed stably as `x - max - log(sum(exp(x - max)))`."
     } else {
         "Softmax along `axis`: `exp(x - max) / sum(exp(x - max))`, numerically stable."
     };
-    OpBuilder::new(name, 1)
-        .doc(doc)
-        .input("x")
-        .attr("axis", Some(AttrValue::Int(-1)), "Axis to normalize over.")
-        .dtypes(&FLOATS)
-        .infer(move |inputs, attrs| {
-            let x = required(inputs, 0);
-            normalize_axis(attrs.int("axis")? as isize, x.shape.len().max(1)).map_err(shape_error(name))?;
-            Ok(vec![x.clone()])
-        })
-        .cpu(move |inputs, outputs, attrs| {
-            let (x, axis) = (inputs[0].as_ref().expect("x"), attrs.int("axis")? as isize);
-            // SAFETY: as for the reductions; `out` may be exactly `x` (in place).
-            let done = unsafe {
-                if log {
-                    nn::log_softmax(x, axis, &outputs[0])
-                } else {
-                    nn::softmax(x, axis, &outputs[0])
-                }
-            };
-            done.map_err(kernel(name))
-        })
-        .in_place_ok()
-        .build()
+    const INPUTS: &'static [&'static str] = &["x"];
+    const ATTRS: &'static [Attr] = &[Attr::int("axis", -1).doc("Axis to normalize over.")];
+    const DTYPES: &'static [DType] = &FLOATS;
+    const IN_PLACE: bool = true;
+
+    fn infer(inputs: &Inputs<'_, Meta>, attrs: &Attrs<'_>) -> OpResult<Vec<Meta>> {
+        let x = &inputs[0];
+        normalize_axis(attrs.int("axis")? as isize, x.shape.len().max(1)).map_err(shape_error(Self::NAME))?;
+        Ok(vec![x.clone()])
+    }
+
+    fn run(
+        inputs: &Inputs<'_, Tensor<'_>>,
+        outputs: &mut [TensorMut<'_>],
+        attrs: &Attrs<'_>,
+        _: &mut [u8],
+    ) -> OpResult<()> {
+        let (x, out, axis) = (view(&inputs[0]), view_mut(&mut outputs[0]), attrs.int("axis")? as isize);
+        // SAFETY: as for the reductions; `out` may be exactly `x` (`IN_PLACE`).
+        let done = unsafe {
+            if LOG {
+                nn::log_softmax(&x, axis, &out)
+            } else {
+                nn::softmax(&x, axis, &out)
+            }
+        };
+        Ok(done.map_err(kernel(Self::NAME))?)
+    }
 }
 
 /// Checks an optional per-feature parameter of shape `(last,)`.
@@ -115,144 +152,171 @@ fn check_param(op: &'static str, what: &str, x: &Meta, param: Option<&Meta>) -> 
 }
 
 /// Optional parameters take x's dtype (one conversion, like numpy's promotion would need).
-fn params_like_x(inputs: &[Option<Meta>], _: &Attrs) -> Result<Vec<Option<DType>>> {
-    let dtype = required(inputs, 0).dtype;
-    Ok(inputs.iter().map(|m| m.as_ref().map(|_| dtype)).collect())
+fn params_like_x(inputs: &Inputs<'_, Meta>, _: &Attrs<'_>) -> OpResult<Vec<Option<DType>>> {
+    let dtype = inputs[0].dtype;
+    Ok(inputs.iter().map(|m| m.map(|_| dtype)).collect())
 }
 
-fn layer_norm() -> Result<OpDef> {
-    OpBuilder::new("layer_norm", 1)
-        .doc("Normalizes over the last axis: `(x - mean) / sqrt(var + eps) * weight + bias` (biased variance, as torch).")
-        .input("x")
-        .optional_input("weight")
-        .optional_input("bias")
-        .attr("eps", Some(AttrValue::Float(1e-5)), "Added to the variance.")
-        .dtypes(&FLOATS)
-        .cast(params_like_x)
-        .infer(|inputs, _| {
-            let x = required(inputs, 0);
-            check_param("layer_norm", "weight", x, inputs[1].as_ref())?;
-            check_param("layer_norm", "bias", x, inputs[2].as_ref())?;
-            Ok(vec![x.clone()])
-        })
-        .cpu(|inputs, outputs, attrs| {
-            let x = inputs[0].as_ref().expect("x");
-            // SAFETY: as for softmax.
-            unsafe { nn::layer_norm(x, inputs[1].as_ref(), inputs[2].as_ref(), attrs.float("eps")?, &outputs[0]) }
-                .map_err(kernel("layer_norm"))
-        })
-        .in_place_ok()
-        .build()
-}
+struct LayerNorm;
 
-fn rms_norm() -> Result<OpDef> {
-    OpBuilder::new("rms_norm", 1)
-        .doc("Root-mean-square normalization over the last axis: `x / sqrt(mean(x**2) + eps) * weight`.")
-        .input("x")
-        .optional_input("weight")
-        .attr("eps", Some(AttrValue::Float(1e-6)), "Added to the mean square.")
-        .dtypes(&FLOATS)
-        .cast(params_like_x)
-        .infer(|inputs, _| {
-            let x = required(inputs, 0);
-            check_param("rms_norm", "weight", x, inputs[1].as_ref())?;
-            Ok(vec![x.clone()])
-        })
-        .cpu(|inputs, outputs, attrs| {
-            let x = inputs[0].as_ref().expect("x");
-            // SAFETY: as for softmax.
-            unsafe { nn::rms_norm(x, inputs[1].as_ref(), attrs.float("eps")?, &outputs[0]) }.map_err(kernel("rms_norm"))
-        })
-        .in_place_ok()
-        .build()
-}
+impl Op for LayerNorm {
+    const NAME: &'static str = "layer_norm";
+    const VERSION: u32 = 1;
+    const DOC: &'static str =
+        "Normalizes over the last axis: `(x - mean) / sqrt(var + eps) * weight + bias` (biased variance, as torch).";
+    const INPUTS: &'static [&'static str] = &["x", "weight", "bias"];
+    const OPTIONAL_INPUTS: &'static [&'static str] = &["weight", "bias"];
+    const ATTRS: &'static [Attr] = &[Attr::float("eps", 1e-5).doc("Added to the variance.")];
+    const DTYPES: &'static [DType] = &FLOATS;
+    const INPUT_DTYPES: Option<InputDtypesFn> = Some(params_like_x);
+    const IN_PLACE: bool = true;
 
-fn bag_mode(attrs: &Attrs) -> Result<BagMode> {
-    match attrs.str("mode")? {
-        "sum" => Ok(BagMode::Sum),
-        "mean" => Ok(BagMode::Mean),
-        "max" => Ok(BagMode::Max),
-        other => Err(OpError::Argument {
-            op: "embedding_bag",
-            message: format!("embedding_bag: expected mode 'sum', 'mean' or 'max', got {other:?}"),
-        }),
+    fn infer(inputs: &Inputs<'_, Meta>, _: &Attrs<'_>) -> OpResult<Vec<Meta>> {
+        let x = &inputs[0];
+        check_param(Self::NAME, "weight", x, inputs.opt(1))?;
+        check_param(Self::NAME, "bias", x, inputs.opt(2))?;
+        Ok(vec![x.clone()])
+    }
+
+    fn run(
+        inputs: &Inputs<'_, Tensor<'_>>,
+        outputs: &mut [TensorMut<'_>],
+        attrs: &Attrs<'_>,
+        _: &mut [u8],
+    ) -> OpResult<()> {
+        let (x, out) = (view(&inputs[0]), view_mut(&mut outputs[0]));
+        let (weight, bias) = (inputs.opt(1).map(view), inputs.opt(2).map(view));
+        // SAFETY: as for softmax.
+        Ok(unsafe { nn::layer_norm(&x, weight.as_ref(), bias.as_ref(), attrs.float("eps")?, &out) }
+            .map_err(kernel(Self::NAME))?)
     }
 }
 
-fn embedding() -> Result<OpDef> {
-    OpBuilder::new("embedding_bag", 1)
-        .doc(
-            "Sums (or averages, or maxes) rows of `weight` (num_embeddings, dim) picked by `indices`, one bag per \
-             entry of `offsets` (bag starts, as torch.nn.functional.embedding_bag). Out-of-range indices and \
-             invalid offsets are errors, checked before any row is read.",
-        )
-        .input("weight")
-        .input("indices")
-        .input("offsets")
-        .attr("mode", Some(AttrValue::Str("sum".into())), "'sum', 'mean' or 'max'.")
-        .infer(|inputs, attrs| {
-            bag_mode(attrs)?;
-            let (w, idx, off) = (required(inputs, 0), required(inputs, 1), required(inputs, 2));
-            if !FLOATS.contains(&w.dtype) {
-                return Err(OpError::unsupported_dtype("embedding_bag", &FLOATS, format!("{} for weight", w.dtype)));
-            }
-            for (what, m) in [("indices", idx), ("offsets", off)] {
-                if !INTS.contains(&m.dtype) {
-                    return Err(OpError::unsupported_dtype("embedding_bag", &INTS, format!("{} for {what}", m.dtype)));
-                }
-                if m.shape.len() != 1 {
-                    return Err(OpError::Shape {
-                        op: "embedding_bag",
-                        expected: format!("1-D {what}"),
-                        got: format!("{:?}", m.shape),
-                    });
-                }
-            }
-            let [_, dim] = w.shape[..] else {
-                return Err(OpError::Shape {
-                    op: "embedding_bag",
-                    expected: "2-D weight".into(),
-                    got: format!("{:?}", w.shape),
-                });
-            };
-            Ok(vec![Meta { dtype: w.dtype, shape: [off.shape[0], dim].as_slice().into() }])
-        })
-        .cpu(|inputs, outputs, attrs| {
-            let get = |i: usize| inputs[i].as_ref().expect("required input");
-            // SAFETY: views valid per the registry's contract; every index is checked by the
-            // kernel before any row is read; the output is disjoint.
-            unsafe { embedding_bag(get(0), get(1), get(2), bag_mode(attrs)?, &outputs[0]) }
-                .map_err(kernel("embedding_bag"))
-        })
-        .build()
+struct RmsNorm;
+
+impl Op for RmsNorm {
+    const NAME: &'static str = "rms_norm";
+    const VERSION: u32 = 1;
+    const DOC: &'static str =
+        "Root-mean-square normalization over the last axis: `x / sqrt(mean(x**2) + eps) * weight`.";
+    const INPUTS: &'static [&'static str] = &["x", "weight"];
+    const OPTIONAL_INPUTS: &'static [&'static str] = &["weight"];
+    const ATTRS: &'static [Attr] = &[Attr::float("eps", 1e-6).doc("Added to the mean square.")];
+    const DTYPES: &'static [DType] = &FLOATS;
+    const INPUT_DTYPES: Option<InputDtypesFn> = Some(params_like_x);
+    const IN_PLACE: bool = true;
+
+    fn infer(inputs: &Inputs<'_, Meta>, _: &Attrs<'_>) -> OpResult<Vec<Meta>> {
+        let x = &inputs[0];
+        check_param(Self::NAME, "weight", x, inputs.opt(1))?;
+        Ok(vec![x.clone()])
+    }
+
+    fn run(
+        inputs: &Inputs<'_, Tensor<'_>>,
+        outputs: &mut [TensorMut<'_>],
+        attrs: &Attrs<'_>,
+        _: &mut [u8],
+    ) -> OpResult<()> {
+        let (x, out, weight) = (view(&inputs[0]), view_mut(&mut outputs[0]), inputs.opt(1).map(view));
+        // SAFETY: as for softmax.
+        Ok(unsafe { nn::rms_norm(&x, weight.as_ref(), attrs.float("eps")?, &out) }.map_err(kernel(Self::NAME))?)
+    }
 }
 
-fn batched() -> Result<OpDef> {
-    OpBuilder::new("matmul", 2)
-        .doc(
-            "Matrix product with numpy's `@` rules: 1-D operands are promoted, batch dimensions broadcast. \
-             float16 accumulates in float32; integers wrap.",
-        )
-        .input("a")
-        .input("b")
-        .cast(|inputs, _| {
-            let dtype = required(inputs, 0).dtype.promote(required(inputs, 1).dtype);
-            Ok(vec![Some(dtype), Some(dtype)])
-        })
-        .infer(|inputs, _| {
-            let (a, b) = (required(inputs, 0), required(inputs, 1));
-            let shape = matmul_shapes(&a.shape, &b.shape).map_err(|message| OpError::Shape {
-                op: "matmul",
-                expected: "shapes valid for `@`".into(),
-                got: message,
-            })?;
-            Ok(vec![Meta { dtype: a.dtype.promote(b.dtype), shape: shape.into() }])
-        })
-        .cpu(|inputs, outputs, _| {
-            let (a, b) = (inputs[0].as_ref().expect("a"), inputs[1].as_ref().expect("b"));
-            // SAFETY: views valid per the registry's contract; the output is disjoint (matmul is
-            // not `in_place_ok`, so overlapping outputs are computed aside).
-            unsafe { batched_matmul(a, b, &outputs[0]) }.map_err(kernel("matmul"))
-        })
-        .build()
+struct EmbeddingBag;
+
+impl EmbeddingBag {
+    fn mode(attrs: &Attrs<'_>) -> OpResult<BagMode> {
+        match attrs.str("mode")? {
+            "sum" => Ok(BagMode::Sum),
+            "mean" => Ok(BagMode::Mean),
+            "max" => Ok(BagMode::Max),
+            other => Err(OpError::Argument {
+                op: Self::NAME,
+                message: format!("embedding_bag: expected mode 'sum', 'mean' or 'max', got {other:?}"),
+            })?,
+        }
+    }
+}
+
+impl Op for EmbeddingBag {
+    const NAME: &'static str = "embedding_bag";
+    const VERSION: u32 = 1;
+    const DOC: &'static str = "Sums (or averages, or maxes) rows of `weight` (num_embeddings, dim) picked by \
+                               `indices`, one bag per entry of `offsets` (bag starts, as \
+                               torch.nn.functional.embedding_bag). Out-of-range indices and invalid offsets are \
+                               errors, checked before any row is read.";
+    const INPUTS: &'static [&'static str] = &["weight", "indices", "offsets"];
+    const ATTRS: &'static [Attr] = &[Attr::str("mode", "sum").doc("'sum', 'mean' or 'max'.")];
+    const DTYPES: &'static [DType] = &DType::ALL;
+
+    fn infer(inputs: &Inputs<'_, Meta>, attrs: &Attrs<'_>) -> OpResult<Vec<Meta>> {
+        Self::mode(attrs)?;
+        let (w, idx, off) = (&inputs[0], &inputs[1], &inputs[2]);
+        if !FLOATS.contains(&w.dtype) {
+            Err(OpError::unsupported_dtype(Self::NAME, &FLOATS, format!("{} for weight", w.dtype)))?;
+        }
+        for (what, m) in [("indices", idx), ("offsets", off)] {
+            if !INTS.contains(&m.dtype) {
+                Err(OpError::unsupported_dtype(Self::NAME, &INTS, format!("{} for {what}", m.dtype)))?;
+            }
+            if m.shape.len() != 1 {
+                Err(OpError::Shape { op: Self::NAME, expected: format!("1-D {what}"), got: format!("{:?}", m.shape) })?;
+            }
+        }
+        let [_, dim] = w.shape[..] else {
+            Err(OpError::Shape { op: Self::NAME, expected: "2-D weight".into(), got: format!("{:?}", w.shape) })?
+        };
+        Ok(vec![Meta::new(w.dtype, &[off.shape[0], dim])])
+    }
+
+    fn run(
+        inputs: &Inputs<'_, Tensor<'_>>,
+        outputs: &mut [TensorMut<'_>],
+        attrs: &Attrs<'_>,
+        _: &mut [u8],
+    ) -> OpResult<()> {
+        let (weight, indices, offsets) = (view(&inputs[0]), view(&inputs[1]), view(&inputs[2]));
+        let out = view_mut(&mut outputs[0]);
+        // SAFETY: views valid per the registry's contract; every index is checked by the kernel
+        // before any row is read; the output is disjoint.
+        Ok(unsafe { embedding_bag(&weight, &indices, &offsets, Self::mode(attrs)?, &out) }
+            .map_err(kernel(Self::NAME))?)
+    }
+}
+
+/// `matmul` version 2: numpy's `@`.
+struct BatchedMatmul;
+
+impl Op for BatchedMatmul {
+    const NAME: &'static str = "matmul";
+    const VERSION: u32 = 2;
+    const DOC: &'static str = "Matrix product with numpy's `@` rules: 1-D operands are promoted, batch dimensions \
+                               broadcast. float16 accumulates in float32; integers wrap.";
+    const INPUTS: &'static [&'static str] = &["a", "b"];
+    const DTYPES: &'static [DType] = &DType::ALL;
+    const INPUT_DTYPES: Option<InputDtypesFn> = Some(promote_both);
+
+    fn infer(inputs: &Inputs<'_, Meta>, _: &Attrs<'_>) -> OpResult<Vec<Meta>> {
+        let (a, b) = (&inputs[0], &inputs[1]);
+        let shape = matmul_shapes(&a.shape, &b.shape).map_err(|message| OpError::Shape {
+            op: Self::NAME,
+            expected: "shapes valid for `@`".into(),
+            got: message,
+        })?;
+        Ok(vec![Meta { dtype: a.dtype.promote(b.dtype), shape }])
+    }
+
+    fn run(
+        inputs: &Inputs<'_, Tensor<'_>>,
+        outputs: &mut [TensorMut<'_>],
+        _: &Attrs<'_>,
+        _: &mut [u8],
+    ) -> OpResult<()> {
+        let (a, b, out) = (view(&inputs[0]), view(&inputs[1]), view_mut(&mut outputs[0]));
+        // SAFETY: views valid per the registry's contract; the output is disjoint (matmul is not
+        // `IN_PLACE`, so overlapping outputs are computed aside).
+        Ok(unsafe { batched_matmul(&a, &b, &out) }.map_err(kernel(Self::NAME))?)
+    }
 }

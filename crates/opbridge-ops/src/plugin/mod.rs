@@ -11,11 +11,12 @@
 //! unloading leaves its operators registered for the rest of the process.
 #![allow(unsafe_code)] // calls into the loaded library; every call site says why it holds.
 
-mod result;
+pub(crate) mod result;
 pub mod sys;
 
-use std::ffi::{c_char, c_int, c_void};
+use std::ffi::{c_char, c_int, c_void, CString};
 use std::fmt;
+use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
@@ -24,7 +25,7 @@ use opbridge_runtime::DType;
 
 use crate::error::{OpError, Result};
 use crate::registry::{Entry, Operator, Registry, Source};
-use crate::schema::{Attrs, Meta, Schema};
+use crate::schema::{AttrValue, Attrs, Meta, Schema};
 use crate::view::TensorView;
 
 pub use result::{dtype_from_dl, dtype_to_dl};
@@ -285,21 +286,50 @@ struct PluginOp {
 #[derive(Debug)]
 struct InferMemo {
     inputs: Inline<Option<Meta>, 4>,
-    /// `(kind, i, f as bits)` of each attribute value.
-    attrs: Inline<(i32, i64, u64), 8>,
+    /// The call's attributes (a clone: strings and lists included).
+    attrs: Attrs,
     outputs: Vec<Meta>,
 }
 
-fn attr_key(values: &[sys::OpbAttrValue]) -> Inline<(i32, i64, u64), 8> {
-    values.iter().map(|v| (v.kind, v.i, v.f.to_bits())).collect()
+impl InferMemo {
+    fn matches(&self, inputs: &[Option<Meta>], attrs: &Attrs) -> bool {
+        self.inputs.as_slice() == inputs && same_attrs(&self.attrs, attrs)
+    }
 }
 
-impl InferMemo {
-    fn matches(&self, inputs: &[Option<Meta>], values: &[sys::OpbAttrValue]) -> bool {
-        self.inputs.as_slice() == inputs
-            && self.attrs.len() == values.len()
-            && self.attrs.iter().zip(values).all(|(&(kind, i, f), v)| kind == v.kind && i == v.i && f == v.f.to_bits())
+/// Whether two calls' attributes are the same values: floats compare by bits (`-0.0` is not
+/// `0.0` to a shape function, and a NaN equals itself).
+fn same_attrs(a: &Attrs, b: &Attrs) -> bool {
+    let (mut a, mut b) = (a.values(), b.values());
+    loop {
+        match (a.next(), b.next()) {
+            (None, None) => return true,
+            (Some((na, va)), Some((nb, vb))) => {
+                let same = match (va, vb) {
+                    (AttrValue::Float(x), AttrValue::Float(y)) => x.to_bits() == y.to_bits(),
+                    _ => va == vb,
+                };
+                if na != nb || !same {
+                    return false;
+                }
+            }
+            _ => return false,
+        }
     }
+}
+
+/// A call's attribute values in the C layout, in descriptor order, with the NUL-terminated
+/// copies of its strings. Lists point into the host's [`Attrs`] (borrowed for `'a`).
+struct CAttrs<'a> {
+    values: Inline<sys::OpbAttrValue, 8>,
+    /// What the `s` pointers of `values` point at (a `CString`'s bytes stay put when it moves).
+    _strings: Inline<CString, 2>,
+    _attrs: PhantomData<&'a Attrs>,
+}
+
+/// The `OpbMeta` of an optional input the caller left out.
+fn absent_meta() -> sys::OpbMeta {
+    sys::OpbMeta { ndim: sys::OPB_ABSENT, ..Default::default() }
 }
 
 impl PluginOp {
@@ -312,41 +342,69 @@ impl PluginOp {
         &self.spec.schema.name
     }
 
-    /// The call's attribute values in the C layout, in descriptor order.
-    fn c_attrs(&self, attrs: &Attrs) -> Result<Inline<sys::OpbAttrValue, 8>> {
-        let specs = &self.spec.schema.attrs;
+    /// The call's attribute values in the C layout, in descriptor order, after checking them
+    /// against the declared kinds (the library never sees a value of another kind).
+    fn c_attrs<'a>(&self, attrs: &'a Attrs) -> Result<CAttrs<'a>> {
+        self.spec.check_attrs(attrs)?;
         let mut values = Inline::new();
-        for (spec, &kind) in specs.iter().zip(&self.spec.attr_kinds) {
+        let mut strings = Inline::new();
+        for (spec, &kind) in self.spec.schema.attrs.iter().zip(&self.spec.attr_kinds) {
             let mut value = sys::OpbAttrValue { kind, ..Default::default() };
-            match kind {
-                sys::OPB_ATTR_INT => value.i = attrs.int(&spec.name)?,
-                sys::OPB_ATTR_BOOL => value.i = attrs.bool(&spec.name)? as i64,
-                _ => value.f = attrs.float(&spec.name)?,
+            // `check_attrs` vouched that the value fits `kind`.
+            match attrs.get(&spec.name).unwrap_or(&AttrValue::None) {
+                AttrValue::None => value.is_none = 1,
+                AttrValue::Bool(b) => value.i = i64::from(*b),
+                AttrValue::Int(i) if kind == sys::OPB_ATTR_FLOAT => value.f = *i as f64,
+                AttrValue::Int(i) => value.i = *i,
+                AttrValue::Float(x) => value.f = *x,
+                AttrValue::Str(s) => {
+                    let text = CString::new(s.as_str()).map_err(|_| OpError::InvalidAttribute {
+                        op: self.name().into(),
+                        message: format!("{} contains a NUL character, which C strings cannot hold", spec.name),
+                    })?;
+                    value.s = text.as_ptr();
+                    strings.push(text);
+                }
+                AttrValue::Ints(list) => {
+                    value.ints = list.as_ptr();
+                    value.n_ints = list.len() as i64;
+                }
             }
             values.push(value);
         }
-        Ok(values)
+        Ok(CAttrs { values, _strings: strings, _attrs: PhantomData })
     }
 
-    fn attrs_struct(&self, values: &[sys::OpbAttrValue]) -> sys::OpbAttrs {
-        sys::OpbAttrs { count: values.len(), values: values.as_ptr(), names: self.names.0.as_ptr() }
+    fn attrs_struct(&self, values: &CAttrs<'_>) -> sys::OpbAttrs {
+        sys::OpbAttrs { count: values.values.len(), values: values.values.as_ptr(), names: self.names.0.as_ptr() }
     }
 
+    fn wrong_input_count(&self, got: usize) -> OpError {
+        OpError::Kernel {
+            op: self.name().into(),
+            message: format!("takes {} inputs, got {got}", self.spec.schema.inputs.len()),
+        }
+    }
+
+    fn missing_input(&self, input: &str) -> OpError {
+        OpError::Argument { op: result::intern(self.name()), message: format!("input {input:?} is required") }
+    }
+
+    /// The inputs as the shape function sees them: their dtypes checked against the
+    /// descriptor's, an optional input left out as an `OPB_ABSENT` meta.
     fn metas(&self, inputs: &[Option<Meta>]) -> Result<Inline<sys::OpbMeta, 4>> {
         let schema = &self.spec.schema;
         if inputs.len() != schema.inputs.len() {
-            return Err(OpError::Kernel {
-                op: self.name().into(),
-                message: format!("takes {} inputs, got {}", schema.inputs.len(), inputs.len()),
-            });
+            return Err(self.wrong_input_count(inputs.len()));
         }
         let mut metas = Inline::new();
         for (spec, input) in schema.inputs.iter().zip(inputs) {
             let Some(input) = input else {
-                return Err(OpError::Argument {
-                    op: result::intern(self.name()),
-                    message: format!("input {:?} is required", spec.name),
-                });
+                if !spec.optional {
+                    return Err(self.missing_input(&spec.name));
+                }
+                metas.push(absent_meta());
+                continue;
             };
             if !schema.dtypes.contains(&input.dtype) {
                 let names: Vec<&str> = schema.dtypes.iter().map(|d| d.name()).collect();
@@ -388,19 +446,26 @@ impl Operator for PluginOp {
         &self.spec.schema
     }
 
+    fn input_dtypes(&self, inputs: &[Option<Meta>], attrs: &Attrs) -> Result<Vec<Option<DType>>> {
+        match self.spec.input_dtypes {
+            None => Ok(inputs.iter().map(|m| m.as_ref().map(|m| m.dtype)).collect()),
+            Some(choose) => self.call_input_dtypes(choose, inputs, attrs),
+        }
+    }
+
     fn infer(&self, inputs: &[Option<Meta>], attrs: &Attrs) -> Result<Vec<Meta>> {
-        let values = self.c_attrs(attrs)?;
+        self.spec.check_attrs(attrs)?;
         // `try_lock`: under contention, calling the shape function beats waiting.
         if let Ok(memo) = self.memo.try_lock() {
-            if let Some(memo) = memo.as_ref().filter(|m| m.matches(inputs, &values)) {
+            if let Some(memo) = memo.as_ref().filter(|m| m.matches(inputs, attrs)) {
                 return Ok(memo.outputs.clone());
             }
         }
-        let outputs = self.call_infer(inputs, &values)?;
+        let outputs = self.call_infer(inputs, attrs)?;
         if let Ok(mut memo) = self.memo.try_lock() {
             *memo = Some(InferMemo {
                 inputs: inputs.iter().cloned().collect(),
-                attrs: attr_key(&values),
+                attrs: attrs.clone(),
                 outputs: outputs.clone(),
             });
         }
@@ -410,20 +475,77 @@ impl Operator for PluginOp {
     fn run_cpu(&self, inputs: &[Option<TensorView>], outputs: &[TensorView], attrs: &Attrs) -> Result<()> {
         self.call_kernel(inputs, outputs, attrs)
     }
+
+    fn in_place_ok(&self) -> bool {
+        self.spec.in_place_ok
+    }
 }
 
 impl PluginOp {
-    /// The library's shape function on `inputs`, its outputs checked and converted.
-    fn call_infer(&self, inputs: &[Option<Meta>], values: &[sys::OpbAttrValue]) -> Result<Vec<Meta>> {
+    /// The library's input-dtype callback: the dtype each present input is converted to.
+    fn call_input_dtypes(
+        &self,
+        choose: sys::OpbInputDtypesFn,
+        inputs: &[Option<Meta>],
+        attrs: &Attrs,
+    ) -> Result<Vec<Option<DType>>> {
+        let values = self.c_attrs(attrs)?;
+        let c_attrs = self.attrs_struct(&values);
         let metas = self.metas(inputs)?;
-        let c_attrs = self.attrs_struct(values);
+        // Prefilled with the inputs' own dtypes (zeroed for absent ones), as plugin.h promises.
+        let mut dtypes: Inline<sys::DLDataType, 4> =
+            inputs.iter().map(|m| m.as_ref().map_or_else(Default::default, |m| dtype_to_dl(m.dtype))).collect();
+        let mut err = [0u8; result::ERR_LEN];
+        let status = {
+            let _open = self.handle.live(&self.spec.schema)?;
+            // SAFETY: the library is open while `_open` lives; `metas` and `dtypes` both hold
+            // one entry per input, the attribute struct points into `values` (alive), and `err`
+            // has `ERR_LEN` bytes.
+            unsafe {
+                choose(
+                    metas.as_ptr(),
+                    metas.len() as c_int,
+                    dtypes.as_mut_ptr(),
+                    &c_attrs,
+                    err.as_mut_ptr().cast(),
+                    err.len(),
+                )
+            }
+        };
+        err[result::ERR_LEN - 1] = 0;
+        result::check(self.name(), status, &err)?;
+        let schema = &self.spec.schema;
+        inputs
+            .iter()
+            .zip(&dtypes)
+            .zip(&schema.inputs)
+            .map(|((input, &t), spec)| match input {
+                None => Ok(None),
+                Some(_) => dtype_from_dl(t).map(Some).ok_or_else(|| OpError::Kernel {
+                    op: self.name().into(),
+                    message: format!(
+                        "input_dtypes chose an unknown dtype for input {:?} (code {}, bits {}, lanes {}); expected one \
+                         of float16, float32, float64, int32, int64",
+                        spec.name, t.code, t.bits, t.lanes
+                    ),
+                }),
+            })
+            .collect()
+    }
+
+    /// The library's shape function on `inputs`, its outputs checked and converted.
+    fn call_infer(&self, inputs: &[Option<Meta>], attrs: &Attrs) -> Result<Vec<Meta>> {
+        let values = self.c_attrs(attrs)?;
+        let metas = self.metas(inputs)?;
+        let c_attrs = self.attrs_struct(&values);
         let n_out = self.spec.schema.outputs.len();
         let mut outputs: Inline<sys::OpbMeta, 2> = smallvec::smallvec![sys::OpbMeta::default(); n_out];
         let mut err = [0u8; result::ERR_LEN];
         let status = {
             let _open = self.handle.live(&self.spec.schema)?;
             // SAFETY: the library is open while `_open` lives; every pointer is valid for the
-            // call with the lengths passed, and `err` has `ERR_LEN` bytes.
+            // call with the lengths passed (the attribute struct points into `values`, alive),
+            // and `err` has `ERR_LEN` bytes.
             unsafe {
                 (self.spec.infer)(
                     metas.as_ptr(),
@@ -460,20 +582,23 @@ impl PluginOp {
         Ok(metas)
     }
 
-    /// The library's CPU kernel over DLTensors describing the views.
+    /// The library's CPU kernel over DLTensors describing the views. An optional input left
+    /// out is a DLTensor with `ndim == OPB_ABSENT` and null data, shape and strides.
     fn call_kernel(&self, inputs: &[Option<TensorView>], outputs: &[TensorView], attrs: &Attrs) -> Result<()> {
         let values = self.c_attrs(attrs)?;
         let c_attrs = self.attrs_struct(&values);
-        let views: Inline<&TensorView, 4> = inputs
-            .iter()
-            .map(|v| {
-                v.as_ref().ok_or_else(|| OpError::Kernel { op: self.name().into(), message: "missing input".into() })
-            })
-            .collect::<Result<_>>()?;
-        // Shapes and strides of all tensors in one buffer, then DLTensors pointing into it.
-        let dims: usize = views.iter().map(|v| v.ndim()).chain(outputs.iter().map(TensorView::ndim)).sum();
+        let schema = &self.spec.schema;
+        if inputs.len() != schema.inputs.len() {
+            return Err(self.wrong_input_count(inputs.len()));
+        }
+        if let Some((spec, _)) = schema.inputs.iter().zip(inputs).find(|(spec, v)| v.is_none() && !spec.optional) {
+            return Err(self.missing_input(&spec.name));
+        }
+        // Shapes and strides of all present tensors in one buffer, then DLTensors pointing into it.
+        let present = || inputs.iter().flatten().chain(outputs);
+        let dims: usize = present().map(TensorView::ndim).sum();
         let mut extents: Inline<i64, 64> = Inline::with_capacity(2 * dims);
-        for v in views.iter().copied().chain(outputs) {
+        for v in present() {
             extents.extend(v.shape.iter().map(|&s| s as i64));
             extents.extend(v.strides.iter().map(|&s| s as i64));
         }
@@ -481,7 +606,8 @@ impl PluginOp {
         let mut at = 0usize;
         let mut dl = |v: &TensorView| {
             let n = v.ndim();
-            // SAFETY: `at + 2n <= extents.len()`: the loop above laid out exactly these entries.
+            // SAFETY: `at + 2n <= extents.len()`: the loop above laid out exactly these entries,
+            // in the order this closure is called (present inputs, then outputs).
             let (shape, strides) = unsafe { (base.add(at), base.add(at + n)) };
             at += 2 * n;
             sys::DLTensor {
@@ -494,7 +620,21 @@ impl PluginOp {
                 byte_offset: 0,
             }
         };
-        let c_inputs: Inline<sys::DLTensor, 4> = views.iter().map(|v| dl(v)).collect();
+        let c_inputs: Inline<sys::DLTensor, 4> = inputs
+            .iter()
+            .map(|v| match v {
+                Some(v) => dl(v),
+                None => sys::DLTensor {
+                    data: std::ptr::null_mut(),
+                    device: sys::DLDevice { device_type: sys::kDLCPU, device_id: 0 },
+                    ndim: sys::OPB_ABSENT,
+                    dtype: sys::DLDataType::default(),
+                    shape: std::ptr::null_mut(),
+                    strides: std::ptr::null_mut(),
+                    byte_offset: 0,
+                },
+            })
+            .collect();
         let mut c_outputs: Inline<sys::DLTensor, 2> = outputs.iter().map(dl).collect();
         let mut err = [0u8; result::ERR_LEN];
 
@@ -502,10 +642,13 @@ impl PluginOp {
         let workspace = match self.spec.workspace {
             None => Workspace::none(),
             Some(size_fn) => {
-                let metas: Inline<sys::OpbMeta, 4> = views
+                let metas: Inline<sys::OpbMeta, 4> = inputs
                     .iter()
-                    .zip(&self.spec.schema.inputs)
-                    .map(|(v, spec)| meta_to_c(self.name(), &spec.name, v.dtype, &v.shape))
+                    .zip(&schema.inputs)
+                    .map(|(v, spec)| match v {
+                        Some(v) => meta_to_c(self.name(), &spec.name, v.dtype, &v.shape),
+                        None => Ok(absent_meta()),
+                    })
                     .collect::<Result<_>>()?;
                 // SAFETY: the library is open while `_open` lives; pointers valid for the call.
                 let bytes = unsafe { size_fn(metas.as_ptr(), metas.len() as c_int, &c_attrs) };
@@ -517,7 +660,8 @@ impl PluginOp {
         };
         // SAFETY: the library is open while `_open` lives. The views describe memory valid for
         // the kernel (the registry's contract), the DLTensors' shape/stride pointers point into
-        // `extents`, alive until the call returns; the workspace has the size asked for.
+        // `extents` (absent inputs' are null), alive until the call returns; the attribute struct
+        // points into `values`, alive too; the workspace has the size asked for.
         let status = unsafe {
             (self.spec.kernel)(
                 c_inputs.as_ptr(),

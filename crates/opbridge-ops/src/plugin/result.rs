@@ -46,20 +46,30 @@ pub fn check(op: &str, status: c_int, buf: &[u8; ERR_LEN]) -> Result<(), OpError
     if status == sys::OPB_OK {
         return Ok(());
     }
-    let full = message(buf, status);
-    // Messages often start with the op's name, which the error's text adds already.
+    Err(status_error(op, status, message(buf, status)))
+}
+
+/// The error a status and message stand for (the message may start with the op's name, which
+/// the error's text adds already). A message of the form "expected X, got Y" keeps its parts.
+pub fn status_error(op: &str, status: c_int, full: String) -> OpError {
     let message =
         full.strip_prefix(op).and_then(|m| m.strip_prefix(':')).map_or(full.clone(), |m| m.trim().to_string());
-    Err(match status {
+    let parts = |fallback: &str| match message.strip_prefix("expected ").and_then(|m| m.rsplit_once(", got ")) {
+        Some((expected, got)) => (expected.to_string(), got.to_string()),
+        None => (fallback.to_string(), message.clone()),
+    };
+    match status {
         sys::OPB_ERR_INVALID_ARGUMENT => OpError::Argument { op: intern(op), message },
         sys::OPB_ERR_SHAPE => {
-            OpError::Shape { op: intern(op), expected: "shapes the operator accepts".into(), got: message }
+            let (expected, got) = parts("shapes the operator accepts");
+            OpError::Shape { op: intern(op), expected, got }
         }
         sys::OPB_ERR_DTYPE => {
-            OpError::DType { op: intern(op), expected: "dtypes the operator accepts".into(), got: message }
+            let (expected, got) = parts("dtypes the operator accepts");
+            OpError::DType { op: intern(op), expected, got }
         }
         _ => OpError::Kernel { op: op.to_string(), message },
-    })
+    }
 }
 
 /// The runtime dtype of a DLPack type, if opbridge has it.
@@ -95,11 +105,57 @@ pub struct OpSpec {
     pub schema: Schema,
     /// `OpbAttrKind` of each attribute, in schema order.
     pub attr_kinds: Vec<i32>,
+    /// Whether each attribute accepts `None` (`OPB_ATTR_NULLABLE`), in schema order.
+    pub attr_nullable: Vec<bool>,
     /// Attribute names as C strings, in schema order (what `OpbAttrs.names` points at).
     pub attr_names: Vec<CString>,
     pub infer: sys::OpbInferFn,
     pub kernel: sys::OpbKernelFn,
     pub workspace: Option<sys::OpbWorkspaceFn>,
+    pub input_dtypes: Option<sys::OpbInputDtypesFn>,
+    /// `OPB_OP_IN_PLACE_OK`: an output may be exactly an input.
+    pub in_place_ok: bool,
+}
+
+impl OpSpec {
+    /// Checks a call's attribute values against the declared kinds: what the C side may rely
+    /// on before it reads `OpbAttrValue` (and what an in-process operator may rely on too).
+    pub fn check_attrs(&self, attrs: &crate::schema::Attrs) -> Result<(), OpError> {
+        let schema = &self.schema;
+        for ((spec, &kind), &nullable) in schema.attrs.iter().zip(&self.attr_kinds).zip(&self.attr_nullable) {
+            let value = attrs.get(&spec.name).unwrap_or(&AttrValue::None);
+            let fits = match value {
+                AttrValue::None => nullable,
+                AttrValue::Int(_) => matches!(kind, sys::OPB_ATTR_INT | sys::OPB_ATTR_FLOAT),
+                AttrValue::Bool(_) => matches!(kind, sys::OPB_ATTR_BOOL | sys::OPB_ATTR_INT),
+                AttrValue::Float(_) => kind == sys::OPB_ATTR_FLOAT,
+                AttrValue::Str(_) => kind == sys::OPB_ATTR_STR,
+                AttrValue::Ints(_) => kind == sys::OPB_ATTR_INTS,
+            };
+            if !fits {
+                let mut expected = kind_name(kind).to_string();
+                if nullable {
+                    expected.push_str(" or None");
+                }
+                return Err(OpError::InvalidAttribute {
+                    op: schema.name.clone(),
+                    message: format!("expected {} to be {expected}, got {value}", spec.name),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// "an int", "a float"... for an `OpbAttrKind`.
+pub fn kind_name(kind: i32) -> &'static str {
+    match kind {
+        sys::OPB_ATTR_INT => "an int",
+        sys::OPB_ATTR_FLOAT => "a float",
+        sys::OPB_ATTR_BOOL => "a bool",
+        sys::OPB_ATTR_STR => "a string",
+        _ => "a list of ints",
+    }
 }
 
 /// Reads a NUL-terminated string of at most `max` bytes without reading past its terminator.
@@ -230,24 +286,60 @@ pub unsafe fn validate(desc: &sys::OpbOpDesc) -> Result<OpSpec, String> {
 
     let mut attrs = Vec::with_capacity(n_attrs);
     let mut attr_kinds = Vec::with_capacity(n_attrs);
+    let mut attr_nullable = Vec::with_capacity(n_attrs);
+    let known_flags = sys::OPB_ATTR_REQUIRED | sys::OPB_ATTR_NULLABLE | sys::OPB_ATTR_DEFAULT_NONE;
     // SAFETY: the caller vouches for the pointers; counts were checked above.
     for (i, a) in unsafe { array(desc.attrs, n_attrs, "attrs") }.map_err(fail)?.iter().enumerate() {
         // SAFETY: the caller vouches for the pointers; counts were checked above.
         let attr_name = unsafe { read_name(a.name, &format!("attrs[{i}].name")) }.map_err(fail)?;
+        let bad = |message: String| fail(format!("attribute {attr_name:?}: {message}"));
+        if a.flags & !known_flags != 0 {
+            return Err(bad(format!("unknown flags {:#x}", a.flags & !known_flags)));
+        }
+        let required = a.flags & sys::OPB_ATTR_REQUIRED != 0;
+        let default_none = a.flags & sys::OPB_ATTR_DEFAULT_NONE != 0;
+        if required && default_none {
+            return Err(bad("OPB_ATTR_REQUIRED and OPB_ATTR_DEFAULT_NONE contradict each other".into()));
+        }
         let default = match a.kind {
             sys::OPB_ATTR_INT => AttrValue::Int(a.default_int),
             sys::OPB_ATTR_FLOAT => AttrValue::Float(a.default_float),
             sys::OPB_ATTR_BOOL => AttrValue::Bool(a.default_int != 0),
+            sys::OPB_ATTR_STR => {
+                // SAFETY: the caller vouches for the pointers.
+                let text = unsafe { read_c_str(a.default_str, MAX_DOC, "default_str") }.map_err(&bad)?;
+                AttrValue::Str(text.unwrap_or_default())
+            }
+            sys::OPB_ATTR_INTS => {
+                let n = usize::try_from(a.n_default_ints).ok().filter(|&n| n as i64 <= sys::OPB_MAX_INTS).ok_or_else(
+                    || bad(format!("n_default_ints is {}; expected 0 to {}", a.n_default_ints, sys::OPB_MAX_INTS)),
+                )?;
+                // SAFETY: the caller vouches for the pointers; the count was checked above.
+                AttrValue::Ints(unsafe { array(a.default_ints, n, "default_ints") }.map_err(&bad)?.to_vec())
+            }
             kind => {
-                return Err(fail(format!(
-                    "attribute {attr_name:?} has kind {kind}; expected 0 (int), 1 (float) or 2 (bool)"
-                )))
+                return Err(bad(format!("kind {kind}; expected 0 (int), 1 (float), 2 (bool), 3 (str) or 4 (ints)")))
             }
         };
+        let default = if default_none { AttrValue::None } else { default };
         // SAFETY: the caller vouches for the pointers; counts were checked above.
         let doc = unsafe { read_c_str(a.doc, MAX_DOC, "attribute doc") }.map_err(fail)?.unwrap_or_default();
-        attrs.push(AttrSpec { name: attr_name, default: (a.required == 0).then_some(default), doc });
+        attrs.push(AttrSpec { name: attr_name, default: (!required).then_some(default), doc });
         attr_kinds.push(a.kind);
+        attr_nullable.push(default_none || a.flags & sys::OPB_ATTR_NULLABLE != 0);
+    }
+    let optional: Vec<bool> = match n_in {
+        0 => Vec::new(),
+        // SAFETY: the caller vouches for the pointers; counts were checked above.
+        _ if !desc.input_optional.is_null() => unsafe { array(desc.input_optional, n_in, "input_optional") }
+            .map_err(fail)?
+            .iter()
+            .map(|&flag| flag != 0)
+            .collect(),
+        _ => vec![false; n_in],
+    };
+    if desc.flags & !sys::OPB_OP_IN_PLACE_OK != 0 {
+        return Err(fail(format!("unknown operator flags {:#x}", desc.flags & !sys::OPB_OP_IN_PLACE_OK)));
     }
 
     let mut seen = HashSet::new();
@@ -263,7 +355,7 @@ pub unsafe fn validate(desc: &sys::OpbOpDesc) -> Result<OpSpec, String> {
     let infer = desc.infer.ok_or_else(|| fail("no shape function (infer is NULL)".into()))?;
     let kernel = desc.cpu_kernel.ok_or_else(|| fail("no CPU kernel (cpu_kernel is NULL)".into()))?;
     if desc.reserved.iter().any(|p| !p.is_null()) {
-        return Err(fail("reserved fields must be NULL in ABI version 1".into()));
+        return Err(fail("reserved fields must be NULL in ABI version 2".into()));
     }
     let attr_names = attrs.iter().map(|a| CString::new(a.name.as_str()).expect("identifiers have no NUL")).collect();
     Ok(OpSpec {
@@ -271,17 +363,20 @@ pub unsafe fn validate(desc: &sys::OpbOpDesc) -> Result<OpSpec, String> {
             name,
             version: desc.version,
             doc: doc.trim().to_string(),
-            inputs: inputs.into_iter().map(|name| InputSpec { name, optional: false }).collect(),
+            inputs: inputs.into_iter().zip(optional).map(|(name, optional)| InputSpec { name, optional }).collect(),
             outputs,
             attrs,
             dtypes,
             shared: Default::default(),
         },
         attr_kinds,
+        attr_nullable,
         attr_names,
         infer,
         kernel,
         workspace: desc.workspace_size,
+        input_dtypes: desc.input_dtypes,
+        in_place_ok: desc.flags & sys::OPB_OP_IN_PLACE_OK != 0,
     })
 }
 

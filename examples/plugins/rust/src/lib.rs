@@ -8,10 +8,12 @@
 
 use std::ops::{Add, Mul};
 
-use opbridge_plugin_sdk::{export_plugin, Attr, Attrs, DType, Element, Error, Meta, Op, Result, Tensor, TensorMut};
+use opbridge_plugin_sdk::{
+    export_plugin, Attr, Attrs, DType, Element, Error, Inputs, Meta, Op, Result, Tensor, TensorMut,
+};
 
 /// Shape function of both versions: `a` and `b` of one dtype and shape; `out` is the same.
-fn same_as_inputs(inputs: &[Meta]) -> Result<Vec<Meta>> {
+fn same_as_inputs(inputs: &Inputs<'_, Meta>) -> Result<Vec<Meta>> {
     let (a, b) = (&inputs[0], &inputs[1]);
     if a.dtype != b.dtype {
         return Err(Error::dtype(format!("scale_add: a is {} but b is {}", a.dtype, b.dtype)));
@@ -43,7 +45,7 @@ where
     Ok(())
 }
 
-fn run(inputs: &[Tensor<'_>], outputs: &mut [TensorMut<'_>], alpha: f64, beta: f64) -> Result<()> {
+fn run(inputs: &Inputs<'_, Tensor<'_>>, outputs: &mut [TensorMut<'_>], alpha: f64, beta: f64) -> Result<()> {
     if !alpha.is_finite() || !beta.is_finite() {
         // A kernel-side check, to show how kernels report errors (ArgumentError in Python).
         return Err(Error::invalid_argument("scale_add: alpha and beta must be finite"));
@@ -67,11 +69,16 @@ impl Op for ScaleAddV1 {
     const ATTRS: &'static [Attr] = &[Attr::float("alpha", 1.0).doc("factor of a")];
     const DTYPES: &'static [DType] = &[DType::F32, DType::F64];
 
-    fn infer(inputs: &[Meta], _attrs: &Attrs<'_>) -> Result<Vec<Meta>> {
+    fn infer(inputs: &Inputs<'_, Meta>, _attrs: &Attrs<'_>) -> Result<Vec<Meta>> {
         same_as_inputs(inputs)
     }
 
-    fn run(inputs: &[Tensor<'_>], outputs: &mut [TensorMut<'_>], attrs: &Attrs<'_>, _ws: &mut [u8]) -> Result<()> {
+    fn run(
+        inputs: &Inputs<'_, Tensor<'_>>,
+        outputs: &mut [TensorMut<'_>],
+        attrs: &Attrs<'_>,
+        _ws: &mut [u8],
+    ) -> Result<()> {
         run(inputs, outputs, attrs.float("alpha")?, 1.0)
     }
 }
@@ -88,11 +95,16 @@ impl Op for ScaleAddV2 {
         &[Attr::float("alpha", 1.0).doc("factor of a"), Attr::float("beta", 1.0).doc("factor of b")];
     const DTYPES: &'static [DType] = &[DType::F32, DType::F64];
 
-    fn infer(inputs: &[Meta], _attrs: &Attrs<'_>) -> Result<Vec<Meta>> {
+    fn infer(inputs: &Inputs<'_, Meta>, _attrs: &Attrs<'_>) -> Result<Vec<Meta>> {
         same_as_inputs(inputs)
     }
 
-    fn run(inputs: &[Tensor<'_>], outputs: &mut [TensorMut<'_>], attrs: &Attrs<'_>, _ws: &mut [u8]) -> Result<()> {
+    fn run(
+        inputs: &Inputs<'_, Tensor<'_>>,
+        outputs: &mut [TensorMut<'_>],
+        attrs: &Attrs<'_>,
+        _ws: &mut [u8],
+    ) -> Result<()> {
         run(inputs, outputs, attrs.float("alpha")?, attrs.float("beta")?)
     }
 }

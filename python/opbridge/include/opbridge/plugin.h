@@ -1,5 +1,5 @@
 /*
- * opbridge plugin ABI, version 1.
+ * opbridge plugin ABI, version 2.
  *
  * An operator library is a shared library (.so / .dylib / .dll) that exports one function,
  * `opbridge_plugin_init`, which fills an `OpbPluginInfo` with an array of operator descriptors.
@@ -15,9 +15,11 @@
  * Rules every callback may rely on, and must follow:
  *  - Callbacks may run on several threads at once (one call per thread): keep them reentrant.
  *  - Inputs have one of the operator's `dtypes` (checked before `infer` is called), any strides
- *    (in elements, as DLPack says; possibly 0 or negative), and are read-only.
+ *    (in elements, as DLPack says; possibly 0 or negative), and are read-only. An optional input
+ *    the caller left out arrives with `ndim == OPB_ABSENT` (see opb_absent / opb_meta_absent).
  *  - Outputs have the dtypes and shapes that `infer` returned, are C-contiguous (strides are
- *    still given) and never overlap the inputs.
+ *    still given) and never overlap the inputs, except that an operator flagged
+ *    OPB_OP_IN_PLACE_OK may get an output that is exactly an input of the same dtype and shape.
  *  - A callback returns OPB_OK (0) or an OpbStatus error, and on error writes a NUL-terminated
  *    message into `err_msg` (at most `err_len` bytes, `err_len` >= 1). opbridge turns the status
  *    into a typed Python exception (see OpbStatus) carrying the message.
@@ -30,7 +32,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define OPBRIDGE_PLUGIN_ABI_VERSION 1
+/* Version 2 added string, int-list and None-able attributes, optional inputs, the input-dtype
+ * callback and the in-place flag. Libraries built for version 1 must be rebuilt. */
+#define OPBRIDGE_PLUGIN_ABI_VERSION 2
 
 /* Limits the loader checks (descriptors beyond them are rejected at load time). */
 #define OPB_MAX_NDIM 16    /* dimensions of any tensor, in `OpbMeta.shape` */
@@ -39,6 +43,7 @@
 #define OPB_MAX_ATTRS 32   /* attributes of one operator */
 #define OPB_MAX_OPS 1024   /* operators of one library */
 #define OPB_MAX_NAME 128   /* bytes of an operator, input, output or attribute name */
+#define OPB_MAX_INTS 64    /* entries of an INTS attribute's default */
 
 /* ---------------------------------------------------------------------------------------------
  * DLPack (https://github.com/dmlc/dlpack): the subset this ABI uses, under the official names and
@@ -139,24 +144,37 @@ static inline int opb_dtype_is(DLDataType t, int code, int bits) {
 typedef enum {
   OPB_ATTR_INT = 0,   /* Python int, C int64_t (`OpbAttrValue.i`) */
   OPB_ATTR_FLOAT = 1, /* Python float (ints accepted), C double (`OpbAttrValue.f`) */
-  OPB_ATTR_BOOL = 2   /* Python bool, C 0 or 1 in `OpbAttrValue.i` */
+  OPB_ATTR_BOOL = 2,  /* Python bool, C 0 or 1 in `OpbAttrValue.i` */
+  OPB_ATTR_STR = 3,   /* Python str (or a numpy dtype, by name), C UTF-8 in `OpbAttrValue.s` */
+  OPB_ATTR_INTS = 4   /* Python sequence of ints, C `OpbAttrValue.ints` (`n_ints` entries) */
 } OpbAttrKind;
 
+/* `OpbAttrDesc.flags` */
+#define OPB_ATTR_REQUIRED 1u     /* no default: the caller must pass it */
+#define OPB_ATTR_NULLABLE 2u     /* None is a value (`OpbAttrValue.is_none`), e.g. axis=None */
+#define OPB_ATTR_DEFAULT_NONE 4u /* the default is None (implies OPB_ATTR_NULLABLE) */
+
 typedef struct {
-  const char *name;     /* a Python identifier, unique within the operator */
-  int32_t kind;         /* an OpbAttrKind */
-  int32_t required;     /* nonzero: no default; the caller must pass it */
-  int64_t default_int;  /* default of INT and BOOL attributes */
-  double default_float; /* default of FLOAT attributes */
-  const char *doc;      /* one line, or NULL */
+  const char *name;            /* a Python identifier, unique within the operator */
+  int32_t kind;                /* an OpbAttrKind */
+  uint32_t flags;              /* OPB_ATTR_* flags */
+  int64_t default_int;         /* default of INT and BOOL attributes */
+  double default_float;        /* default of FLOAT attributes */
+  const char *default_str;     /* default of STR attributes (NULL: "") */
+  const int64_t *default_ints; /* default of INTS attributes: n_default_ints entries */
+  int64_t n_default_ints;      /* 0..OPB_MAX_INTS */
+  const char *doc;             /* one line, or NULL */
 } OpbAttrDesc;
 
-/* One attribute value of a call. */
+/* One attribute value of a call. Strings and lists stay valid until the callback returns. */
 typedef struct {
-  int32_t kind; /* the OpbAttrKind of the descriptor */
-  int32_t reserved;
-  int64_t i; /* INT, BOOL */
-  double f;  /* FLOAT */
+  int32_t kind;        /* the OpbAttrKind of the descriptor */
+  int32_t is_none;     /* 1: the value is None (only for NULLABLE attributes); the rest is 0 */
+  int64_t i;           /* INT, BOOL */
+  double f;            /* FLOAT */
+  const char *s;       /* STR: NUL-terminated UTF-8 */
+  const int64_t *ints; /* INTS: n_ints entries */
+  int64_t n_ints;
 } OpbAttrValue;
 
 /* A call's attributes: every attribute of the descriptor (defaults filled in), in its order. */
@@ -183,9 +201,15 @@ static inline const OpbAttrValue *opb_attr(const OpbAttrs *attrs, const char *na
 /* dtype and shape of a tensor without its data: what shape functions see and produce. */
 typedef struct {
   DLDataType dtype;
-  int32_t ndim; /* 0..OPB_MAX_NDIM */
+  int32_t ndim; /* 0..OPB_MAX_NDIM, or OPB_ABSENT for an optional input left out */
   int64_t shape[OPB_MAX_NDIM];
 } OpbMeta;
+
+/* `ndim` of an optional input the caller did not pass (its DLTensor also has data == NULL). */
+#define OPB_ABSENT (-1)
+
+static inline int opb_meta_absent(const OpbMeta *m) { return m->ndim == OPB_ABSENT; }
+static inline int opb_absent(const DLTensor *t) { return t->ndim == OPB_ABSENT; }
 
 /* Shape function (required): checks the inputs' dtypes and shapes and fills one OpbMeta per
  * output (`outputs` arrive zeroed). Runs before any memory is allocated. It must be a pure
@@ -193,6 +217,13 @@ typedef struct {
  * attribute values instead of calling it again. */
 typedef int (*OpbInferFn)(const OpbMeta *inputs, int n_in, OpbMeta *outputs, int n_out,
                           const OpbAttrs *attrs, char *err_msg, size_t err_len);
+
+/* Input dtypes (optional): the dtype each input is converted to before the kernel runs, for
+ * operators that compute in a common type (numpy's promotion: int32 + float32 in float64).
+ * `dtypes` arrives holding the inputs' own dtypes; change the entries to convert. Each must be
+ * one of the five OPB_* dtypes. `infer` still sees the inputs as the caller passed them. */
+typedef int (*OpbInputDtypesFn)(const OpbMeta *inputs, int n_in, DLDataType *dtypes,
+                                const OpbAttrs *attrs, char *err_msg, size_t err_len);
 
 /* Workspace size (optional): bytes of scratch memory the kernel needs for these inputs. The
  * kernel then receives a 64-byte aligned `workspace` of that size, else NULL. */
@@ -207,20 +238,26 @@ typedef int (*OpbKernelFn)(const DLTensor *inputs, int n_in, DLTensor *outputs, 
 /* ---------------------------------------------------------------------------------------------
  * Descriptors.
  * ------------------------------------------------------------------------------------------- */
+/* `OpbOpDesc.flags` */
+#define OPB_OP_IN_PLACE_OK 1u /* an output may be exactly an input (elementwise operators) */
+
 typedef struct {
   const char *name;                 /* [A-Za-z0-9_]+, at most OPB_MAX_NAME bytes */
   uint32_t version;                 /* >= 1; versions of one name coexist */
   const char *doc;                  /* docstring shown by help(); may be NULL */
-  int32_t n_inputs;                 /* 0..OPB_MAX_INPUTS (all inputs are required) */
+  int32_t n_inputs;                 /* 0..OPB_MAX_INPUTS */
   const char *const *input_names;   /* n_inputs identifiers, or NULL for "x0", "x1", ... */
+  const int32_t *input_optional;    /* n_inputs flags (nonzero: may be None), or NULL: all required */
   int32_t n_outputs;                /* 1..OPB_MAX_OUTPUTS */
   const char *const *output_names;  /* n_outputs identifiers, or NULL for "out", "out1", ... */
   int32_t n_attrs;                  /* 0..OPB_MAX_ATTRS */
   const OpbAttrDesc *attrs;         /* n_attrs descriptors (NULL when n_attrs is 0) */
   int32_t n_dtypes;                 /* >= 1 */
   const DLDataType *dtypes;         /* dtypes the inputs may have ({OPB_FLOAT32, ...}) */
+  uint32_t flags;                   /* OPB_OP_* flags */
   OpbInferFn infer;                 /* required */
-  OpbKernelFn cpu_kernel;           /* required in ABI 1 */
+  OpbInputDtypesFn input_dtypes;    /* optional (NULL: inputs keep their dtypes) */
+  OpbKernelFn cpu_kernel;           /* required */
   OpbWorkspaceFn workspace_size;    /* optional (NULL: no workspace) */
   void *reserved[4];                /* must be NULL (room for other devices' kernels) */
 } OpbOpDesc;

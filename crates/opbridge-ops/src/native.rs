@@ -1,0 +1,275 @@
+//! Operators compiled into the host, written against the plugin SDK's [`Op`](sdk::Op) trait:
+//! the API plugin authors use. opbridge's built-in operators are all declared this way.
+//!
+//! [`op`] describes the type exactly as `export_plugin!` would for a library, and validates the
+//! descriptor with the loader's own checks, so a built-in cannot declare what a plugin could not.
+//! Calls then go straight to the trait's functions (no C trampolines): attributes are read from
+//! the host's [`Attrs`] through [`sdk::AttrLookup`], and tensors are SDK views of the registry's
+//! [`TensorView`]s. An error a built-in raises with a host [`OpError`] travels as the SDK
+//! error's cause and comes back unchanged; a plain SDK error maps by status like a plugin's.
+//!
+//! Elementwise operators may add the host's fast lane ([`Native::with_lane`]); it is an
+//! optimization of calls the trait's functions describe completely, and must agree with them.
+#![allow(unsafe_code)] // SDK views over the registry's views; each site says why it holds.
+
+use std::marker::PhantomData;
+use std::panic::catch_unwind;
+use std::sync::{Arc, Mutex};
+
+use opbridge_plugin_sdk as sdk;
+use opbridge_runtime::DType;
+use smallvec::SmallVec;
+
+use crate::error::{OpError, Result};
+use crate::plugin::result::{self, OpSpec};
+use crate::registry::{Entry, Lane, Operator, Registry, Source};
+use crate::schema::{AttrValue, Attrs, Meta, Schema};
+use crate::view::TensorView;
+
+/// An [`sdk::Op`] type as a registry [`Operator`].
+pub struct Native<O: sdk::Op> {
+    spec: OpSpec,
+    lane: Option<Lane>,
+    /// The last shape-function and input-dtype calls (the SDK requires both to be pure): a
+    /// loop calls an operator with one signature over and over, and a repeat then skips the
+    /// conversions to SDK metas (which allocate) and the call.
+    infer_memo: Mutex<Option<Memo<Vec<Meta>>>>,
+    dtypes_memo: Mutex<Option<Memo<Vec<Option<DType>>>>>,
+    _op: PhantomData<fn() -> O>,
+}
+
+/// One call of a pure function of the inputs' metas and the attributes, and its result.
+#[derive(Debug)]
+struct Memo<T> {
+    inputs: SmallVec<[Option<Meta>; 4]>,
+    attrs: Attrs,
+    value: T,
+}
+
+impl<T: Clone> Memo<T> {
+    /// The remembered result for these arguments, or `compute`'s (then remembered).
+    /// `try_lock`: under contention, computing beats waiting.
+    fn through(
+        cell: &Mutex<Option<Memo<T>>>,
+        inputs: &[Option<Meta>],
+        attrs: &Attrs,
+        compute: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        if let Ok(memo) = cell.try_lock() {
+            if let Some(memo) = memo.as_ref().filter(|m| m.inputs.as_slice() == inputs && m.attrs == *attrs) {
+                return Ok(memo.value.clone());
+            }
+        }
+        let value = compute()?;
+        if let Ok(mut memo) = cell.try_lock() {
+            *memo = Some(Memo { inputs: inputs.iter().cloned().collect(), attrs: attrs.clone(), value: value.clone() });
+        }
+        Ok(value)
+    }
+}
+
+impl<O: sdk::Op> std::fmt::Debug for Native<O> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Native({} v{})", O::NAME, O::VERSION)
+    }
+}
+
+/// Describes and validates `O` (see the module documentation).
+pub fn op<O: sdk::Op>() -> Result<Native<O>> {
+    let invalid = |message: String| OpError::InvalidOperator { name: O::NAME.to_string(), message };
+    let described = catch_unwind(sdk::describe::<O>).map_err(|panic| {
+        let text =
+            panic.downcast_ref::<String>().cloned().or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()));
+        invalid(text.unwrap_or_else(|| "describing the operator panicked".into()))
+    })?;
+    // SAFETY: every pointer of the descriptor points into `described` (or statics), alive and
+    // unchanged for the call; `validate` copies what it keeps.
+    let spec = unsafe { result::validate(described.desc()) }.map_err(invalid)?;
+    Ok(Native { spec, lane: None, infer_memo: Mutex::new(None), dtypes_memo: Mutex::new(None), _op: PhantomData })
+}
+
+/// Registers `O` in `registry` (see [`op`]).
+pub fn register<O: sdk::Op>(registry: &Registry, source: Source) -> Result<Arc<Entry>> {
+    registry.register(Arc::new(op::<O>()?), source)
+}
+
+impl<O: sdk::Op> Native<O> {
+    /// Adds the elementwise fast lane (see [`Lane`]).
+    pub fn with_lane(
+        mut self,
+        accepts: impl Fn(DType) -> bool + Send + Sync + 'static,
+        run: impl Fn(DType, &[usize], usize, usize) -> Result<()> + Send + Sync + 'static,
+    ) -> Self {
+        self.lane = Some(Lane { accepts: Box::new(accepts), run: Box::new(run) });
+        self
+    }
+
+    fn name(&self) -> &str {
+        O::NAME
+    }
+}
+
+impl<O: sdk::Op> Operator for Native<O> {
+    fn schema(&self) -> &Schema {
+        &self.spec.schema
+    }
+
+    fn input_dtypes(&self, inputs: &[Option<Meta>], attrs: &Attrs) -> Result<Vec<Option<DType>>> {
+        let Some(choose) = O::INPUT_DTYPES else {
+            return Ok(inputs.iter().map(|m| m.as_ref().map(|m| m.dtype)).collect());
+        };
+        Memo::through(&self.dtypes_memo, inputs, attrs, || {
+            let metas = sdk_metas(inputs);
+            let wanted =
+                choose(&sdk::Inputs::new(&metas), &sdk::Attrs::from_host(attrs)).map_err(|e| host_error(O::NAME, e))?;
+            if wanted.len() != inputs.len() {
+                return Err(OpError::Kernel {
+                    op: self.name().into(),
+                    message: format!("INPUT_DTYPES returned {} dtypes for {} inputs", wanted.len(), inputs.len()),
+                });
+            }
+            Ok(wanted)
+        })
+    }
+
+    fn infer(&self, inputs: &[Option<Meta>], attrs: &Attrs) -> Result<Vec<Meta>> {
+        self.spec.check_attrs(attrs)?;
+        Memo::through(&self.infer_memo, inputs, attrs, || {
+            let metas = sdk_metas(inputs);
+            let outputs = O::infer(&sdk::Inputs::new(&metas), &sdk::Attrs::from_host(attrs))
+                .map_err(|e| host_error(O::NAME, e))?;
+            let declared = self.spec.schema.outputs.len();
+            if outputs.len() != declared {
+                return Err(OpError::Kernel {
+                    op: self.name().into(),
+                    message: format!("infer returned {} outputs; the operator declares {declared}", outputs.len()),
+                });
+            }
+            Ok(outputs.into_iter().map(|m| Meta { dtype: m.dtype, shape: m.shape.into() }).collect())
+        })
+    }
+
+    fn run_cpu(&self, inputs: &[Option<TensorView>], outputs: &[TensorView], attrs: &Attrs) -> Result<()> {
+        let bad = |e: sdk::Error| host_error(O::NAME, e);
+        let ins: SmallVec<[Option<sdk::Tensor<'_>>; 4]> = inputs
+            .iter()
+            .map(|v| {
+                v.as_ref()
+                    .map(|v| {
+                        // SAFETY: the registry's contract: the view describes memory valid and
+                        // unchanged for the kernel call, which outlives these SDK views.
+                        unsafe { sdk::Tensor::from_raw_parts(v.data as *const u8, v.dtype, &v.shape, &v.strides) }
+                    })
+                    .transpose()
+            })
+            .collect::<std::result::Result<_, _>>()
+            .map_err(bad)?;
+        let mut outs: SmallVec<[sdk::TensorMut<'_>; 2]> = outputs
+            .iter()
+            .map(|v| {
+                // SAFETY: the registry's contract: outputs are contiguous, writable, and overlap
+                // no input unless the operator allows exactly that (`Op::IN_PLACE`).
+                unsafe { sdk::TensorMut::from_raw_parts(v.data as *mut u8, v.dtype, &v.shape, &v.strides) }
+            })
+            .collect::<std::result::Result<_, _>>()
+            .map_err(bad)?;
+        let inputs = sdk::Inputs::new(&ins);
+        let attrs = sdk::Attrs::from_host(attrs);
+        let mut workspace = Workspace::default();
+        if let Some(size) = O::WORKSPACE {
+            let metas: SmallVec<[Option<sdk::Meta>; 4]> =
+                ins.iter().map(|t| t.as_ref().map(|t| sdk::Meta::new(t.dtype(), t.shape()))).collect();
+            workspace = Workspace::new(size(&sdk::Inputs::new(&metas), &attrs));
+        }
+        O::run(&inputs, &mut outs, &attrs, workspace.bytes()).map_err(bad)
+    }
+
+    fn in_place_ok(&self) -> bool {
+        O::IN_PLACE
+    }
+
+    fn lane(&self) -> Option<&Lane> {
+        self.lane.as_ref()
+    }
+}
+
+fn sdk_metas(inputs: &[Option<Meta>]) -> SmallVec<[Option<sdk::Meta>; 4]> {
+    inputs.iter().map(|m| m.as_ref().map(|m| sdk::Meta::new(m.dtype, &m.shape))).collect()
+}
+
+/// Scratch memory for [`sdk::Op::WORKSPACE`], 64-byte aligned as the ABI promises.
+#[derive(Default)]
+struct Workspace {
+    lines: Vec<CacheLine>,
+    len: usize,
+}
+
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct CacheLine([u8; 64]);
+
+impl Workspace {
+    fn new(len: usize) -> Workspace {
+        Workspace { lines: vec![CacheLine([0; 64]); len.div_ceil(64)], len }
+    }
+
+    fn bytes(&mut self) -> &mut [u8] {
+        // SAFETY: `lines` holds `len.div_ceil(64) * 64 >= len` initialized bytes, borrowed
+        // mutably with `self`.
+        unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr().cast::<u8>(), self.len) }
+    }
+}
+
+/// The host's attribute values, read by an in-process operator through [`sdk::Attrs`].
+impl sdk::AttrLookup for Attrs {
+    fn lookup(&self, name: &str) -> Option<sdk::AttrValue<'_>> {
+        Some(match self.get(name)? {
+            AttrValue::None => sdk::AttrValue::None,
+            AttrValue::Bool(b) => sdk::AttrValue::Bool(*b),
+            AttrValue::Int(i) => sdk::AttrValue::Int(*i),
+            AttrValue::Float(x) => sdk::AttrValue::Float(*x),
+            AttrValue::Str(s) => sdk::AttrValue::Str(s),
+            AttrValue::Ints(v) => sdk::AttrValue::Ints(v),
+        })
+    }
+}
+
+/// A host error inside an SDK error: its status and text for the ABI, itself as the cause.
+impl From<OpError> for sdk::Error {
+    fn from(error: OpError) -> sdk::Error {
+        let status = match &error {
+            OpError::Shape { .. } => sdk::Status::Shape,
+            OpError::DType { .. } => sdk::Status::DType,
+            OpError::Argument { .. }
+            | OpError::InvalidAttribute { .. }
+            | OpError::UnknownAttribute { .. }
+            | OpError::MissingAttribute { .. } => sdk::Status::InvalidArgument,
+            _ => sdk::Status::Failed,
+        };
+        sdk::Error::with_cause(status, error.to_string(), error)
+    }
+}
+
+/// The host error an SDK error stands for: its cause if it carries one, else by status (as a
+/// plugin's error is mapped).
+pub fn host_error(op: &str, error: sdk::Error) -> OpError {
+    let (status, message) = (error.status, error.message.clone());
+    match error.into_cause().map(|cause| cause.downcast::<OpError>()) {
+        Some(Ok(host)) => *host,
+        Some(Err(other)) => match other.downcast::<opbridge_runtime::Error>() {
+            Ok(runtime) => OpError::Runtime(*runtime),
+            Err(_) => result::status_error(op, status.code(), message),
+        },
+        None => result::status_error(op, status.code(), message),
+    }
+}
+
+/// The registry's view of an SDK input (for built-in kernels, which work on [`TensorView`]s).
+pub fn view(t: &sdk::Tensor<'_>) -> TensorView {
+    TensorView { data: t.as_ptr() as usize, dtype: t.dtype(), shape: t.shape().into(), strides: t.strides().into() }
+}
+
+/// The registry's view of an SDK output.
+pub fn view_mut(t: &mut sdk::TensorMut<'_>) -> TensorView {
+    TensorView { data: t.as_mut_ptr() as usize, dtype: t.dtype(), shape: t.shape().into(), strides: t.strides().into() }
+}

@@ -1,0 +1,267 @@
+//! Operators written with the plugin SDK's `Op` trait and registered in-process (the way every
+//! built-in is): the loader's descriptor checks apply, calls reach the trait's functions, host
+//! errors come back unchanged, SDK errors map by status, and the registry lists and dispatches
+//! them like any other operator.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use opbridge_ops::native;
+use opbridge_ops::{AttrValue, Meta, OpError, Operator, Registry, Source, TensorView};
+use opbridge_plugin_sdk::{Attr, Attrs, DType, Error, Inputs, Op, Result, Tensor, TensorMut};
+use opbridge_runtime::DType as RuntimeDType;
+
+static INFER_CALLS: AtomicUsize = AtomicUsize::new(0);
+
+/// `out = x * scale (+ bias)`, with every ABI 2 feature: an optional input, a string, an int
+/// list and a None-able attribute, an input-dtype rule (ints computed in float64), in place.
+struct Affine;
+
+impl Op for Affine {
+    const NAME: &'static str = "affine";
+    const VERSION: u32 = 2;
+    const DOC: &'static str = "  x * scale + bias  ";
+    const INPUTS: &'static [&'static str] = &["x", "bias"];
+    const OPTIONAL_INPUTS: &'static [&'static str] = &["bias"];
+    const ATTRS: &'static [Attr] = &[
+        Attr::float("scale", 1.0),
+        Attr::str("mode", "plain").doc("'plain' or 'negate'"),
+        Attr::ints("pad", &[1, 2]),
+        Attr::int("limit", 0).default_none(),
+    ];
+    const DTYPES: &'static [DType] = &[DType::F64, DType::I32];
+    const INPUT_DTYPES: Option<opbridge_plugin_sdk::InputDtypesFn> =
+        Some(|inputs, _| Ok(inputs.iter().map(|m| m.map(|_| DType::F64)).collect()));
+    const IN_PLACE: bool = true;
+
+    fn infer(inputs: &Inputs<'_, Meta2>, attrs: &Attrs<'_>) -> Result<Vec<Meta2>> {
+        INFER_CALLS.fetch_add(1, Ordering::SeqCst);
+        match attrs.str("mode")? {
+            "plain" | "negate" => {}
+            other => return Err(Error::invalid_argument(format!("unknown mode {other:?}"))),
+        }
+        if attrs.opt_int("limit")? == Some(-1) {
+            // A host error travels as the cause and comes back as itself.
+            return Err(OpError::Shape { op: "affine", expected: "a limit".into(), got: "-1".into() }.into());
+        }
+        if let Some(bias) = inputs.opt(1) {
+            if bias.shape != inputs[0].shape {
+                return Err(Error::shape(format!(
+                    "expected bias of shape {:?}, got {:?}",
+                    inputs[0].shape, bias.shape
+                )));
+            }
+        }
+        Ok(vec![Meta2::new(DType::F64, &inputs[0].shape)])
+    }
+
+    fn run(
+        inputs: &Inputs<'_, Tensor<'_>>,
+        outputs: &mut [TensorMut<'_>],
+        attrs: &Attrs<'_>,
+        _: &mut [u8],
+    ) -> Result<()> {
+        let scale = attrs.float("scale")? * if attrs.str("mode")? == "negate" { -1.0 } else { 1.0 };
+        let x: Vec<f64> = inputs[0].values::<f64>()?.collect();
+        let bias: Vec<f64> = match inputs.opt(1) {
+            Some(b) => b.values::<f64>()?.collect(),
+            None => vec![attrs.ints("pad")?.iter().sum::<i64>() as f64; x.len()],
+        };
+        for ((o, x), b) in outputs[0].as_mut_slice::<f64>()?.iter_mut().zip(x).zip(bias) {
+            *o = x * scale + b;
+        }
+        Ok(())
+    }
+}
+
+type Meta2 = opbridge_plugin_sdk::Meta;
+
+fn attrs(op: &dyn Operator, given: &[(&str, AttrValue)]) -> opbridge_ops::Attrs {
+    op.schema().bind_attrs(given.iter().cloned()).unwrap()
+}
+
+fn f64_view(data: &mut [f64]) -> TensorView {
+    TensorView::contiguous(data.as_mut_ptr() as usize, RuntimeDType::F64, &[data.len()])
+}
+
+#[test]
+fn the_schema_comes_from_the_trait_constants_through_the_loader_checks() {
+    let op = native::op::<Affine>().unwrap();
+    let schema = op.schema();
+    assert_eq!((schema.name.as_str(), schema.version, schema.doc.as_str()), ("affine", 2, "x * scale + bias"));
+    assert_eq!(
+        schema.signature(),
+        "affine(x, bias=None, *, scale=1.0, mode=\"plain\", pad=[1, 2], limit=None, out=None)"
+    );
+    assert_eq!(schema.dtypes, vec![DType::F64, DType::I32]);
+    assert!(op.in_place_ok());
+    assert!(op.lane().is_none());
+}
+
+#[test]
+fn calls_reach_the_trait_with_defaults_optional_inputs_and_dtype_rules() {
+    let op = native::op::<Affine>().unwrap();
+    let meta = Some(Meta::new(DType::F64, &[3]));
+
+    let plain = attrs(&op, &[("scale", AttrValue::Int(2))]);
+    assert_eq!(op.infer(&[meta.clone(), None], &plain).unwrap(), vec![Meta::new(DType::F64, &[3])]);
+    let i32_meta = Some(Meta::new(DType::I32, &[3]));
+    assert_eq!(op.input_dtypes(&[i32_meta, None], &plain).unwrap(), vec![Some(DType::F64), None]);
+
+    let (mut x, mut out) = (vec![1.0, 2.0, 3.0], vec![0.0; 3]);
+    op.run_cpu(&[Some(f64_view(&mut x)), None], &[f64_view(&mut out)], &plain).unwrap();
+    assert_eq!(out, [5.0, 7.0, 9.0], "2x + sum(pad)");
+
+    let mut bias = vec![10.0, 20.0, 30.0];
+    let negate = attrs(&op, &[("mode", AttrValue::Str("negate".into()))]);
+    op.run_cpu(&[Some(f64_view(&mut x)), Some(f64_view(&mut bias))], &[f64_view(&mut out)], &negate).unwrap();
+    assert_eq!(out, [9.0, 18.0, 27.0]);
+
+    // In place: the output is the input.
+    let view = f64_view(&mut x);
+    op.run_cpu(&[Some(view.clone()), None], &[view], &plain).unwrap();
+    assert_eq!(x, [5.0, 7.0, 9.0]);
+}
+
+#[test]
+fn errors_keep_their_kind_and_host_errors_come_back_unchanged() {
+    let op = native::op::<Affine>().unwrap();
+    let x = Some(Meta::new(DType::F64, &[3]));
+
+    let err = op.infer(&[x.clone(), None], &attrs(&op, &[("mode", AttrValue::Str("odd".into()))])).unwrap_err();
+    assert!(matches!(err, OpError::Argument { .. }), "{err:?}");
+    assert_eq!(err.to_string(), "affine: unknown mode \"odd\"");
+
+    let err = op.infer(&[x.clone(), None], &attrs(&op, &[("limit", AttrValue::Int(-1))])).unwrap_err();
+    assert!(matches!(err, OpError::Shape { ref got, .. } if got == "-1"), "{err:?}");
+    assert_eq!(err.to_string(), "affine: expected a limit, got -1");
+
+    let short = Some(Meta::new(DType::F64, &[2]));
+    let err = op.infer(&[x.clone(), short], &attrs(&op, &[])).unwrap_err();
+    assert_eq!(err.to_string(), "affine: expected bias of shape [3], got [2]");
+    assert!(matches!(err, OpError::Shape { .. }));
+
+    // Attribute values are checked against the declared kinds before the trait sees them.
+    for (name, value) in [
+        ("pad", AttrValue::Str("no".into())),
+        ("mode", AttrValue::None),
+        ("scale", AttrValue::Str("2".into())),
+        ("limit", AttrValue::Float(1.5)),
+    ] {
+        let err = op.infer(&[x.clone(), None], &attrs(&op, &[(name, value)])).unwrap_err();
+        assert!(matches!(err, OpError::InvalidAttribute { .. }), "{name}: {err:?}");
+        assert!(err.to_string().contains(&format!("expected {name} to be")), "{err}");
+    }
+}
+
+#[test]
+fn a_repeated_call_signature_reuses_the_shape_function_result() {
+    let op = native::op::<Affine>().unwrap();
+    let x = Some(Meta::new(DType::F64, &[4]));
+    let plain = attrs(&op, &[]);
+    let before = INFER_CALLS.load(Ordering::SeqCst);
+    for _ in 0..5 {
+        op.infer(&[x.clone(), None], &plain).unwrap();
+    }
+    // Other tests run concurrently: at most a few calls of this test reach the trait.
+    let calls = INFER_CALLS.load(Ordering::SeqCst) - before;
+    assert!(calls < 5, "{calls} shape-function calls for 5 equal calls");
+    let other = attrs(&op, &[("scale", AttrValue::Float(3.0))]);
+    let changed = INFER_CALLS.load(Ordering::SeqCst);
+    op.infer(&[x, None], &other).unwrap();
+    assert!(INFER_CALLS.load(Ordering::SeqCst) > changed, "a new attribute value reruns infer");
+}
+
+struct BadOptional;
+
+impl Op for BadOptional {
+    const NAME: &'static str = "bad_optional";
+    const VERSION: u32 = 1;
+    const INPUTS: &'static [&'static str] = &["x"];
+    const OPTIONAL_INPUTS: &'static [&'static str] = &["y"];
+    const DTYPES: &'static [DType] = &[DType::F32];
+
+    fn infer(inputs: &Inputs<'_, Meta2>, _: &Attrs<'_>) -> Result<Vec<Meta2>> {
+        Ok(vec![inputs[0].clone()])
+    }
+
+    fn run(_: &Inputs<'_, Tensor<'_>>, _: &mut [TensorMut<'_>], _: &Attrs<'_>, _: &mut [u8]) -> Result<()> {
+        Ok(())
+    }
+}
+
+struct BadName;
+
+impl Op for BadName {
+    const NAME: &'static str = "bad name";
+    const VERSION: u32 = 1;
+    const INPUTS: &'static [&'static str] = &["x"];
+    const ATTRS: &'static [Attr] = &[Attr::int("x", 0)];
+    const DTYPES: &'static [DType] = &[DType::F32];
+
+    fn infer(inputs: &Inputs<'_, Meta2>, _: &Attrs<'_>) -> Result<Vec<Meta2>> {
+        Ok(vec![inputs[0].clone()])
+    }
+
+    fn run(_: &Inputs<'_, Tensor<'_>>, _: &mut [TensorMut<'_>], _: &Attrs<'_>, _: &mut [u8]) -> Result<()> {
+        Ok(())
+    }
+}
+
+struct Clash;
+
+impl Op for Clash {
+    const NAME: &'static str = "clash";
+    const VERSION: u32 = 1;
+    const INPUTS: &'static [&'static str] = &["x"];
+    const ATTRS: &'static [Attr] = &[Attr::int("x", 0)];
+    const DTYPES: &'static [DType] = &[DType::F32];
+
+    fn infer(inputs: &Inputs<'_, Meta2>, _: &Attrs<'_>) -> Result<Vec<Meta2>> {
+        Ok(vec![inputs[0].clone()])
+    }
+
+    fn run(_: &Inputs<'_, Tensor<'_>>, _: &mut [TensorMut<'_>], _: &Attrs<'_>, _: &mut [u8]) -> Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn declarations_a_plugin_could_not_make_are_refused() {
+    let message = |e: OpError| match e {
+        OpError::InvalidOperator { message, .. } => message,
+        other => panic!("{other:?}"),
+    };
+    assert!(message(native::op::<BadOptional>().unwrap_err()).contains("optional input \"y\""));
+    assert!(message(native::op::<BadName>().unwrap_err()).contains("not an identifier"));
+    assert!(message(native::op::<Clash>().unwrap_err()).contains("\"x\" is used twice"));
+}
+
+#[test]
+fn the_registry_lists_and_dispatches_native_operators() {
+    let registry = Registry::default();
+    let entry = native::register::<Affine>(&registry, Source::Builtin).unwrap();
+    assert!(Arc::ptr_eq(&registry.get("affine", None).unwrap(), &entry));
+    assert!(Arc::ptr_eq(&registry.get("affine", Some(2)).unwrap(), &entry));
+    let err = native::register::<Affine>(&registry, Source::Builtin).unwrap_err();
+    assert!(matches!(err, OpError::DuplicateOperator { version: 2, .. }), "{err:?}");
+    let err = registry.get("affine", Some(1)).unwrap_err();
+    assert_eq!(err.to_string(), "operator \"affine\" has no version 1; available versions: 2");
+    let err = registry.get("affin", None).unwrap_err();
+    assert!(err.to_string().contains("available: affine"), "{err}");
+    let listed = registry.list();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].versions[0].2, vec![DType::F64, DType::I32]);
+}
+
+#[test]
+fn every_builtin_is_a_native_operator_with_a_valid_descriptor() {
+    // The global registry registers every built-in through `native::op`, which runs the
+    // loader's descriptor checks: reaching it at all means each one passed them.
+    let registry = Registry::global();
+    let names: Vec<String> = registry.list().into_iter().map(|info| info.name).collect();
+    for name in ["add", "gelu", "transpose", "sum", "layer_norm", "embedding_bag", "matmul", "vector_add"] {
+        assert!(names.iter().any(|n| n == name), "{name} missing from {names:?}");
+        assert_eq!(registry.get(name, None).unwrap().source, Source::Builtin);
+    }
+}
