@@ -5,6 +5,7 @@
 mod builtins;
 pub mod error;
 pub mod kernels;
+mod memo;
 pub mod native;
 pub mod plugin;
 pub mod registry;

@@ -21,6 +21,7 @@ use opbridge_runtime::DType;
 use smallvec::SmallVec;
 
 use crate::error::{OpError, Result};
+use crate::memo::Memo;
 use crate::plugin::result::{self, OpSpec};
 use crate::registry::{Entry, Lane, Operator, Registry, Source};
 use crate::schema::{AttrValue, Attrs, Meta, Schema};
@@ -36,36 +37,6 @@ pub struct Native<O: sdk::Op> {
     infer_memo: Mutex<Option<Memo<Vec<Meta>>>>,
     dtypes_memo: Mutex<Option<Memo<Vec<Option<DType>>>>>,
     _op: PhantomData<fn() -> O>,
-}
-
-/// One call of a pure function of the inputs' metas and the attributes, and its result.
-#[derive(Debug)]
-struct Memo<T> {
-    inputs: SmallVec<[Option<Meta>; 4]>,
-    attrs: Attrs,
-    value: T,
-}
-
-impl<T: Clone> Memo<T> {
-    /// The remembered result for these arguments, or `compute`'s (then remembered).
-    /// `try_lock`: under contention, computing beats waiting.
-    fn through(
-        cell: &Mutex<Option<Memo<T>>>,
-        inputs: &[Option<Meta>],
-        attrs: &Attrs,
-        compute: impl FnOnce() -> Result<T>,
-    ) -> Result<T> {
-        if let Ok(memo) = cell.try_lock() {
-            if let Some(memo) = memo.as_ref().filter(|m| m.inputs.as_slice() == inputs && m.attrs == *attrs) {
-                return Ok(memo.value.clone());
-            }
-        }
-        let value = compute()?;
-        if let Ok(mut memo) = cell.try_lock() {
-            *memo = Some(Memo { inputs: inputs.iter().cloned().collect(), attrs: attrs.clone(), value: value.clone() });
-        }
-        Ok(value)
-    }
 }
 
 impl<O: sdk::Op> std::fmt::Debug for Native<O> {
@@ -119,6 +90,7 @@ impl<O: sdk::Op> Operator for Native<O> {
             return Ok(inputs.iter().map(|m| m.as_ref().map(|m| m.dtype)).collect());
         };
         Memo::through(&self.dtypes_memo, inputs, attrs, || {
+            self.spec.check_attrs(attrs)?;
             let metas = sdk_metas(inputs);
             let wanted =
                 choose(&sdk::Inputs::new(&metas), &sdk::Attrs::from_host(attrs)).map_err(|e| host_error(O::NAME, e))?;
@@ -133,8 +105,9 @@ impl<O: sdk::Op> Operator for Native<O> {
     }
 
     fn infer(&self, inputs: &[Option<Meta>], attrs: &Attrs) -> Result<Vec<Meta>> {
-        self.spec.check_attrs(attrs)?;
+        // A remembered call had equal attribute values, which passed the check then.
         Memo::through(&self.infer_memo, inputs, attrs, || {
+            self.spec.check_attrs(attrs)?;
             let metas = sdk_metas(inputs);
             let outputs = O::infer(&sdk::Inputs::new(&metas), &sdk::Attrs::from_host(attrs))
                 .map_err(|e| host_error(O::NAME, e))?;

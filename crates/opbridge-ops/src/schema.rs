@@ -145,6 +145,19 @@ impl Attrs {
         self.names.iter().map(String::as_str).zip(&self.values)
     }
 
+    /// Whether `other` holds the same values for the same names, floats compared by bits (to a
+    /// pure function of the attributes `-0.0` is not `0.0`, and a NaN is itself). Attributes
+    /// bound by one schema share its names, so the usual test is a pointer comparison.
+    pub fn same_as(&self, other: &Attrs) -> bool {
+        let same_value = |a: &AttrValue, b: &AttrValue| match (a, b) {
+            (AttrValue::Float(x), AttrValue::Float(y)) => x.to_bits() == y.to_bits(),
+            _ => a == b,
+        };
+        (Arc::ptr_eq(&self.names, &other.names) || self.names == other.names)
+            && self.values.len() == other.values.len()
+            && self.values.iter().zip(&other.values).all(|(a, b)| same_value(a, b))
+    }
+
     pub fn get(&self, name: &str) -> Option<&AttrValue> {
         self.names.iter().position(|n| n == name).map(|i| &self.values[i])
     }

@@ -168,8 +168,13 @@ fn a_repeated_call_signature_reuses_the_shape_function_result() {
     assert!(calls < 5, "{calls} shape-function calls for 5 equal calls");
     let other = attrs(&op, &[("scale", AttrValue::Float(3.0))]);
     let changed = INFER_CALLS.load(Ordering::SeqCst);
-    op.infer(&[x, None], &other).unwrap();
+    op.infer(&[x.clone(), None], &other).unwrap();
     assert!(INFER_CALLS.load(Ordering::SeqCst) > changed, "a new attribute value reruns infer");
+    // Floats compare by bits: -0.0 is another value than 0.0 to a pure function.
+    op.infer(&[x.clone(), None], &attrs(&op, &[("scale", AttrValue::Float(0.0))])).unwrap();
+    let zero = INFER_CALLS.load(Ordering::SeqCst);
+    op.infer(&[x, None], &attrs(&op, &[("scale", AttrValue::Float(-0.0))])).unwrap();
+    assert!(INFER_CALLS.load(Ordering::SeqCst) > zero, "-0.0 reruns infer after 0.0");
 }
 
 struct BadOptional;

@@ -613,7 +613,8 @@ pub trait Op: 'static {
     /// dtypes the inputs may have; opbridge rejects others before calling `infer`.
     const DTYPES: &'static [DType];
     /// The dtypes inputs are converted to before `run` (numpy's promotion, for instance);
-    /// `None` (the default): inputs keep their dtypes. `infer` sees the caller's dtypes.
+    /// `None` (the default): inputs keep their dtypes. `infer` sees the caller's dtypes. Pure,
+    /// like `infer`.
     const INPUT_DTYPES: Option<InputDtypesFn> = None;
     /// Whether an output may be exactly an input of the same dtype and shape (`out=x` in
     /// Python, for elementwise operators). A kernel that allows it must not hold a slice of an

@@ -1,6 +1,7 @@
 //! Safe views of the `DLTensor`s a kernel receives: typed slices where the memory is contiguous,
 //! a strided iterator where it is not. Every accessor checks the dtype first.
 
+use std::borrow::Cow;
 use std::marker::PhantomData;
 
 use crate::{sys, DType, Error, Result};
@@ -24,20 +25,27 @@ macro_rules! element {
 }
 element!(f32 => DType::F32, f64 => DType::F64, i32 => DType::I32, i64 => DType::I64);
 
-/// Layout shared by input and output views (inline: a kernel call allocates nothing for it).
+/// Layout shared by input and output views. The shape and strides are borrowed from the
+/// host's arrays (alive for the call), so a view is a few words: building one per tensor per
+/// call copies and allocates nothing.
 #[derive(Debug)]
-struct Layout {
+struct Layout<'a> {
     data: *mut u8,
     dtype: DType,
-    ndim: usize,
-    shape: [usize; sys::OPB_MAX_NDIM],
-    strides: [isize; sys::OPB_MAX_NDIM],
+    shape: &'a [usize],
+    /// Owned only when a host passes no strides (C-contiguous then).
+    strides: Cow<'a, [isize]>,
 }
 
-impl Layout {
+// DLPack's extents and strides are `int64_t`; on 64-bit targets they are borrowed as
+// `usize`/`isize` slices in place.
+const _: () = assert!(std::mem::size_of::<usize>() == 8, "opbridge plugins need a 64-bit target");
+
+impl<'a> Layout<'a> {
     /// # Safety
-    /// `t` describes a CPU tensor whose `shape` (and `strides`, if non-null) hold `ndim` entries.
-    unsafe fn from_dl(t: &sys::DLTensor) -> Result<Layout> {
+    /// `t` describes a CPU tensor whose `shape` (and `strides`, if non-null) hold `ndim` entries
+    /// that stay valid and unchanged for `'a`.
+    unsafe fn from_dl(t: &sys::DLTensor) -> Result<Layout<'a>> {
         let dtype = DType::from_dl(t.dtype).ok_or_else(|| {
             Error::dtype(format!("unsupported element type (code {}, bits {})", t.dtype.code, t.dtype.bits))
         })?;
@@ -48,36 +56,28 @@ impl Layout {
         if ndim > 0 && t.shape.is_null() {
             return Err(Error::failed("tensor without a shape"));
         }
-        let mut layout = Layout {
-            data: std::ptr::null_mut(),
-            dtype,
-            ndim,
-            shape: [0; sys::OPB_MAX_NDIM],
-            strides: [0; sys::OPB_MAX_NDIM],
+        let shape: &'a [usize] = match ndim {
+            0 => &[],
+            // SAFETY: the caller's obligation: `ndim` entries alive for `'a`; `i64` and `usize`
+            // have one size and alignment (asserted above) and every bit pattern is a `usize`.
+            _ => unsafe { std::slice::from_raw_parts(t.shape.cast::<usize>(), ndim) },
         };
-        for d in 0..ndim {
-            // SAFETY: the caller's obligation: `ndim` entries.
-            layout.shape[d] = unsafe { *t.shape.add(d) }.max(0) as usize;
+        if shape.iter().any(|&d| d > isize::MAX as usize) {
+            return Err(Error::failed(format!("negative extent in shape {shape:?}")));
         }
-        if t.strides.is_null() {
-            let mut stride = 1isize;
-            for d in (0..ndim).rev() {
-                layout.strides[d] = stride;
-                stride *= layout.shape[d].max(1) as isize;
-            }
-        } else {
-            for d in 0..ndim {
-                // SAFETY: the caller's obligation: `ndim` entries.
-                layout.strides[d] = unsafe { *t.strides.add(d) } as isize;
-            }
-        }
+        let strides = match (ndim, t.strides.is_null()) {
+            (0, _) => Cow::Borrowed(&[][..]),
+            (_, true) => Cow::Owned(contiguous_strides(shape)),
+            // SAFETY: as for `shape`.
+            (_, false) => Cow::Borrowed(unsafe { std::slice::from_raw_parts(t.strides.cast::<isize>(), ndim) }),
+        };
         // SAFETY: DLPack's data + byte_offset is the first element.
-        layout.data = unsafe { t.data.cast::<u8>().add(t.byte_offset as usize) };
-        Ok(layout)
+        let data = unsafe { t.data.cast::<u8>().add(t.byte_offset as usize) };
+        Ok(Layout { data, dtype, shape, strides })
     }
 
     /// A layout from parts (safe to build; what it describes is the callers' claim).
-    fn from_parts(data: *mut u8, dtype: DType, shape: &[usize], strides: &[isize]) -> Result<Layout> {
+    fn from_parts(data: *mut u8, dtype: DType, shape: &'a [usize], strides: &'a [isize]) -> Result<Layout<'a>> {
         let ndim = shape.len();
         if ndim > sys::OPB_MAX_NDIM || strides.len() != ndim {
             return Err(Error::shape(format!(
@@ -86,18 +86,19 @@ impl Layout {
                 strides.len()
             )));
         }
-        let mut layout = Layout { data, dtype, ndim, shape: [0; sys::OPB_MAX_NDIM], strides: [0; sys::OPB_MAX_NDIM] };
-        layout.shape[..ndim].copy_from_slice(shape);
-        layout.strides[..ndim].copy_from_slice(strides);
-        Ok(layout)
+        Ok(Layout { data, dtype, shape, strides: Cow::Borrowed(strides) })
     }
 
     fn shape(&self) -> &[usize] {
-        &self.shape[..self.ndim]
+        self.shape
     }
 
     fn strides(&self) -> &[isize] {
-        &self.strides[..self.ndim]
+        &self.strides
+    }
+
+    fn ndim(&self) -> usize {
+        self.shape.len()
     }
 
     fn len(&self) -> usize {
@@ -105,14 +106,10 @@ impl Layout {
     }
 
     fn is_contiguous(&self) -> bool {
-        let mut expected = 1isize;
-        for d in (0..self.ndim).rev() {
-            if self.shape[d] > 1 && self.strides[d] != expected {
-                return false;
-            }
-            expected *= self.shape[d] as isize;
-        }
-        true
+        contiguous_strides(self.shape)
+            .iter()
+            .zip(self.shape.iter().zip(self.strides.iter()))
+            .all(|(&e, (&d, &s))| d <= 1 || s == e)
     }
 
     fn check<T: Element>(&self) -> Result<()> {
@@ -128,10 +125,28 @@ impl Layout {
     }
 }
 
+/// The first `OPB_MAX_NDIM` entries of `values` in a fixed array (the strided walk's state).
+fn inline<T: Copy + Default>(values: &[T]) -> [T; sys::OPB_MAX_NDIM] {
+    let mut out = [T::default(); sys::OPB_MAX_NDIM];
+    out[..values.len()].copy_from_slice(values);
+    out
+}
+
+/// C-order strides (in elements) of `shape`.
+fn contiguous_strides(shape: &[usize]) -> Vec<isize> {
+    let mut strides = vec![0isize; shape.len()];
+    let mut stride = 1isize;
+    for d in (0..shape.len()).rev() {
+        strides[d] = stride;
+        stride *= shape[d].max(1) as isize;
+    }
+    strides
+}
+
 /// A read-only input tensor.
 #[derive(Debug)]
 pub struct Tensor<'a> {
-    layout: Layout,
+    layout: Layout<'a>,
     _memory: PhantomData<&'a [u8]>,
 }
 
@@ -157,8 +172,8 @@ impl<'a> Tensor<'a> {
     pub unsafe fn from_raw_parts(
         data: *const u8,
         dtype: DType,
-        shape: &[usize],
-        strides: &[isize],
+        shape: &'a [usize],
+        strides: &'a [isize],
     ) -> Result<Tensor<'a>> {
         Ok(Tensor { layout: Layout::from_parts(data.cast_mut(), dtype, shape, strides)?, _memory: PhantomData })
     }
@@ -182,7 +197,7 @@ impl<'a> Tensor<'a> {
     }
 
     pub fn ndim(&self) -> usize {
-        self.layout.ndim
+        self.layout.ndim()
     }
 
     /// Number of elements.
@@ -220,9 +235,9 @@ impl<'a> Tensor<'a> {
         Ok(Values {
             inner: ValuesInner::Strided(Box::new(Strided {
                 data: self.layout.data.cast::<T>(),
-                ndim: self.layout.ndim,
-                shape: self.layout.shape,
-                strides: self.layout.strides,
+                ndim: self.layout.ndim(),
+                shape: inline(self.layout.shape()),
+                strides: inline(self.layout.strides()),
                 index: [0; sys::OPB_MAX_NDIM],
                 offset: 0,
                 remaining: self.len(),
@@ -300,7 +315,7 @@ impl<T: Element> ExactSizeIterator for Values<'_, T> {}
 /// An output tensor: contiguous, written by the kernel.
 #[derive(Debug)]
 pub struct TensorMut<'a> {
-    layout: Layout,
+    layout: Layout<'a>,
     _memory: PhantomData<&'a mut [u8]>,
 }
 
@@ -326,8 +341,8 @@ impl<'a> TensorMut<'a> {
     pub unsafe fn from_raw_parts(
         data: *mut u8,
         dtype: DType,
-        shape: &[usize],
-        strides: &[isize],
+        shape: &'a [usize],
+        strides: &'a [isize],
     ) -> Result<TensorMut<'a>> {
         Ok(TensorMut { layout: Layout::from_parts(data, dtype, shape, strides)?, _memory: PhantomData })
     }

@@ -24,6 +24,7 @@ use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 use opbridge_runtime::DType;
 
 use crate::error::{OpError, Result};
+use crate::memo::Memo;
 use crate::registry::{Entry, Operator, Registry, Source};
 use crate::schema::{AttrValue, Attrs, Meta, Schema};
 use crate::view::TensorView;
@@ -279,43 +280,9 @@ struct PluginOp {
     /// The last successful shape-function call. Shape functions are pure (plugin.h), and a
     /// loop calls an operator with one signature over and over: a repeat skips the C call and
     /// the conversions around it.
-    memo: Mutex<Option<InferMemo>>,
-}
-
-/// A shape-function call: inputs and attribute values, and the outputs it gave.
-#[derive(Debug)]
-struct InferMemo {
-    inputs: Inline<Option<Meta>, 4>,
-    /// The call's attributes (a clone: strings and lists included).
-    attrs: Attrs,
-    outputs: Vec<Meta>,
-}
-
-impl InferMemo {
-    fn matches(&self, inputs: &[Option<Meta>], attrs: &Attrs) -> bool {
-        self.inputs.as_slice() == inputs && same_attrs(&self.attrs, attrs)
-    }
-}
-
-/// Whether two calls' attributes are the same values: floats compare by bits (`-0.0` is not
-/// `0.0` to a shape function, and a NaN equals itself).
-fn same_attrs(a: &Attrs, b: &Attrs) -> bool {
-    let (mut a, mut b) = (a.values(), b.values());
-    loop {
-        match (a.next(), b.next()) {
-            (None, None) => return true,
-            (Some((na, va)), Some((nb, vb))) => {
-                let same = match (va, vb) {
-                    (AttrValue::Float(x), AttrValue::Float(y)) => x.to_bits() == y.to_bits(),
-                    _ => va == vb,
-                };
-                if na != nb || !same {
-                    return false;
-                }
-            }
-            _ => return false,
-        }
-    }
+    memo: Mutex<Option<Memo<Vec<Meta>>>>,
+    /// The last input-dtype call (as pure as the shape function).
+    dtypes_memo: Mutex<Option<Memo<Vec<Option<DType>>>>>,
 }
 
 /// A call's attribute values in the C layout, in descriptor order, with the NUL-terminated
@@ -335,7 +302,7 @@ fn absent_meta() -> sys::OpbMeta {
 impl PluginOp {
     fn new(spec: result::OpSpec, handle: Arc<Handle>) -> PluginOp {
         let names = NamePtrs(spec.attr_names.iter().map(|c| c.as_ptr()).collect());
-        PluginOp { spec, names, handle, memo: Mutex::new(None) }
+        PluginOp { spec, names, handle, memo: Mutex::new(None), dtypes_memo: Mutex::new(None) }
     }
 
     fn name(&self) -> &str {
@@ -449,27 +416,15 @@ impl Operator for PluginOp {
     fn input_dtypes(&self, inputs: &[Option<Meta>], attrs: &Attrs) -> Result<Vec<Option<DType>>> {
         match self.spec.input_dtypes {
             None => Ok(inputs.iter().map(|m| m.as_ref().map(|m| m.dtype)).collect()),
-            Some(choose) => self.call_input_dtypes(choose, inputs, attrs),
+            Some(choose) => {
+                Memo::through(&self.dtypes_memo, inputs, attrs, || self.call_input_dtypes(choose, inputs, attrs))
+            }
         }
     }
 
     fn infer(&self, inputs: &[Option<Meta>], attrs: &Attrs) -> Result<Vec<Meta>> {
-        self.spec.check_attrs(attrs)?;
-        // `try_lock`: under contention, calling the shape function beats waiting.
-        if let Ok(memo) = self.memo.try_lock() {
-            if let Some(memo) = memo.as_ref().filter(|m| m.matches(inputs, attrs)) {
-                return Ok(memo.outputs.clone());
-            }
-        }
-        let outputs = self.call_infer(inputs, attrs)?;
-        if let Ok(mut memo) = self.memo.try_lock() {
-            *memo = Some(InferMemo {
-                inputs: inputs.iter().cloned().collect(),
-                attrs: attrs.clone(),
-                outputs: outputs.clone(),
-            });
-        }
-        Ok(outputs)
+        // `call_infer` checks the attribute values; a remembered call had equal ones.
+        Memo::through(&self.memo, inputs, attrs, || self.call_infer(inputs, attrs))
     }
 
     fn run_cpu(&self, inputs: &[Option<TensorView>], outputs: &[TensorView], attrs: &Attrs) -> Result<()> {

@@ -221,7 +221,8 @@ typedef int (*OpbInferFn)(const OpbMeta *inputs, int n_in, OpbMeta *outputs, int
 /* Input dtypes (optional): the dtype each input is converted to before the kernel runs, for
  * operators that compute in a common type (numpy's promotion: int32 + float32 in float64).
  * `dtypes` arrives holding the inputs' own dtypes; change the entries to convert. Each must be
- * one of the five OPB_* dtypes. `infer` still sees the inputs as the caller passed them. */
+ * one of the five OPB_* dtypes. `infer` still sees the inputs as the caller passed them. Pure,
+ * like the shape function: opbridge may reuse an earlier result for equal arguments. */
 typedef int (*OpbInputDtypesFn)(const OpbMeta *inputs, int n_in, DLDataType *dtypes,
                                 const OpbAttrs *attrs, char *err_msg, size_t err_len);
 
