@@ -3,7 +3,7 @@
 //! errors come back unchanged, SDK errors map by status, and the registry lists and dispatches
 //! them like any other operator.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::cell::Cell;
 use std::sync::Arc;
 
 use opbridge_ops::native;
@@ -11,7 +11,14 @@ use opbridge_ops::{AttrValue, Meta, OpError, Operator, Registry, Source, TensorV
 use opbridge_plugin_sdk::{Attr, Attrs, DType, Error, Inputs, Op, Result, Tensor, TensorMut};
 use opbridge_runtime::DType as RuntimeDType;
 
-static INFER_CALLS: AtomicUsize = AtomicUsize::new(0);
+thread_local! {
+    /// Shape-function calls made on this thread (each test runs on its own thread).
+    static INFER_CALLS: Cell<usize> = const { Cell::new(0) };
+}
+
+fn infer_calls() -> usize {
+    INFER_CALLS.with(Cell::get)
+}
 
 /// `out = x * scale (+ bias)`, with every ABI 2 feature: an optional input, a string, an int
 /// list and a None-able attribute, an input-dtype rule (ints computed in float64), in place.
@@ -35,7 +42,7 @@ impl Op for Affine {
     const IN_PLACE: bool = true;
 
     fn infer(inputs: &Inputs<'_, Meta2>, attrs: &Attrs<'_>) -> Result<Vec<Meta2>> {
-        INFER_CALLS.fetch_add(1, Ordering::SeqCst);
+        INFER_CALLS.with(|c| c.set(c.get() + 1));
         match attrs.str("mode")? {
             "plain" | "negate" => {}
             other => return Err(Error::invalid_argument(format!("unknown mode {other:?}"))),
@@ -159,22 +166,20 @@ fn a_repeated_call_signature_reuses_the_shape_function_result() {
     let op = native::op::<Affine>().unwrap();
     let x = Some(Meta::new(DType::F64, &[4]));
     let plain = attrs(&op, &[]);
-    let before = INFER_CALLS.load(Ordering::SeqCst);
+    let before = infer_calls();
     for _ in 0..5 {
         op.infer(&[x.clone(), None], &plain).unwrap();
     }
-    // Other tests run concurrently: at most a few calls of this test reach the trait.
-    let calls = INFER_CALLS.load(Ordering::SeqCst) - before;
-    assert!(calls < 5, "{calls} shape-function calls for 5 equal calls");
+    assert_eq!(infer_calls() - before, 1, "5 equal calls, 1 shape-function call");
     let other = attrs(&op, &[("scale", AttrValue::Float(3.0))]);
-    let changed = INFER_CALLS.load(Ordering::SeqCst);
+    let changed = infer_calls();
     op.infer(&[x.clone(), None], &other).unwrap();
-    assert!(INFER_CALLS.load(Ordering::SeqCst) > changed, "a new attribute value reruns infer");
+    assert!(infer_calls() > changed, "a new attribute value reruns infer");
     // Floats compare by bits: -0.0 is another value than 0.0 to a pure function.
     op.infer(&[x.clone(), None], &attrs(&op, &[("scale", AttrValue::Float(0.0))])).unwrap();
-    let zero = INFER_CALLS.load(Ordering::SeqCst);
+    let zero = infer_calls();
     op.infer(&[x, None], &attrs(&op, &[("scale", AttrValue::Float(-0.0))])).unwrap();
-    assert!(INFER_CALLS.load(Ordering::SeqCst) > zero, "-0.0 reruns infer after 0.0");
+    assert!(infer_calls() > zero, "-0.0 reruns infer after 0.0");
 }
 
 struct BadOptional;
