@@ -78,13 +78,9 @@ impl<'a> Layout<'a> {
 
     /// A layout from parts (safe to build; what it describes is the callers' claim).
     fn from_parts(data: *mut u8, dtype: DType, shape: &'a [usize], strides: &'a [isize]) -> Result<Layout<'a>> {
-        let ndim = shape.len();
-        if ndim > sys::OPB_MAX_NDIM || strides.len() != ndim {
-            return Err(Error::shape(format!(
-                "tensors have at most {} dimensions, got {ndim} (strides: {})",
-                sys::OPB_MAX_NDIM,
-                strides.len()
-            )));
+        // Any number of dimensions: only the C ABI limits them (to OPB_MAX_NDIM).
+        if strides.len() != shape.len() {
+            return Err(Error::failed(format!("{} strides for {} dimensions", strides.len(), shape.len())));
         }
         Ok(Layout { data, dtype, shape, strides: Cow::Borrowed(strides) })
     }
@@ -123,13 +119,6 @@ impl<'a> Layout<'a> {
     fn sliceable<T: Element>(&self) -> bool {
         self.is_contiguous() && (self.data as usize).is_multiple_of(std::mem::align_of::<T>())
     }
-}
-
-/// The first `OPB_MAX_NDIM` entries of `values` in a fixed array (the strided walk's state).
-fn inline<T: Copy + Default>(values: &[T]) -> [T; sys::OPB_MAX_NDIM] {
-    let mut out = [T::default(); sys::OPB_MAX_NDIM];
-    out[..values.len()].copy_from_slice(values);
-    out
 }
 
 /// C-order strides (in elements) of `shape`.
@@ -236,9 +225,9 @@ impl<'a> Tensor<'a> {
             inner: ValuesInner::Strided(Box::new(Strided {
                 data: self.layout.data.cast::<T>(),
                 ndim: self.layout.ndim(),
-                shape: inline(self.layout.shape()),
-                strides: inline(self.layout.strides()),
-                index: [0; sys::OPB_MAX_NDIM],
+                shape: self.layout.shape().into(),
+                strides: self.layout.strides().into(),
+                index: vec![0; self.layout.ndim()].into(),
                 offset: 0,
                 remaining: self.len(),
                 _memory: PhantomData,
@@ -264,9 +253,9 @@ enum ValuesInner<'a, T> {
 struct Strided<'a, T> {
     data: *const T,
     ndim: usize,
-    shape: [usize; sys::OPB_MAX_NDIM],
-    strides: [isize; sys::OPB_MAX_NDIM],
-    index: [usize; sys::OPB_MAX_NDIM],
+    shape: Box<[usize]>,
+    strides: Box<[isize]>,
+    index: Box<[usize]>,
     offset: isize,
     remaining: usize,
     _memory: PhantomData<&'a T>,
