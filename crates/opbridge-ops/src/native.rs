@@ -13,7 +13,7 @@
 #![allow(unsafe_code)] // SDK views over the registry's views; each site says why it holds.
 
 use std::marker::PhantomData;
-use std::panic::catch_unwind;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
 
 use opbridge_plugin_sdk as sdk;
@@ -23,6 +23,7 @@ use smallvec::SmallVec;
 use crate::error::{OpError, Result};
 use crate::memo::Memo;
 use crate::plugin::result::{self, OpSpec};
+use crate::plugin::Workspace;
 use crate::registry::{Entry, Lane, Operator, Registry, Source};
 use crate::schema::{AttrValue, Attrs, Meta, Schema};
 use crate::view::TensorView;
@@ -92,15 +93,23 @@ impl<O: sdk::Op> Operator for Native<O> {
         Memo::through(&self.dtypes_memo, inputs, attrs, || {
             self.spec.check_attrs(attrs)?;
             let metas = sdk_metas(inputs);
-            let wanted =
-                choose(&sdk::Inputs::new(&metas), &sdk::Attrs::from_host(attrs)).map_err(|e| host_error(O::NAME, e))?;
+            let wanted = guarded(O::NAME, || {
+                choose(&sdk::Inputs::new(&metas), &sdk::Attrs::from_host(attrs)).map_err(|e| host_error(O::NAME, e))
+            })?;
             if wanted.len() != inputs.len() {
                 return Err(OpError::Kernel {
                     op: self.name().into(),
                     message: format!("INPUT_DTYPES returned {} dtypes for {} inputs", wanted.len(), inputs.len()),
                 });
             }
-            Ok(wanted)
+            // `None` for a present input keeps its dtype, as in the C ABI's prefilled array.
+            let chosen: Vec<Option<DType>> = inputs
+                .iter()
+                .zip(wanted)
+                .map(|(input, dtype)| input.as_ref().map(|m| dtype.unwrap_or(m.dtype)))
+                .collect();
+            self.spec.check_chosen_dtypes(inputs, &chosen)?;
+            Ok(chosen)
         })
     }
 
@@ -109,8 +118,9 @@ impl<O: sdk::Op> Operator for Native<O> {
         Memo::through(&self.infer_memo, inputs, attrs, || {
             self.spec.check_attrs(attrs)?;
             let metas = sdk_metas(inputs);
-            let outputs = O::infer(&sdk::Inputs::new(&metas), &sdk::Attrs::from_host(attrs))
-                .map_err(|e| host_error(O::NAME, e))?;
+            let outputs = guarded(O::NAME, || {
+                O::infer(&sdk::Inputs::new(&metas), &sdk::Attrs::from_host(attrs)).map_err(|e| host_error(O::NAME, e))
+            })?;
             let declared = self.spec.schema.outputs.len();
             if outputs.len() != declared {
                 return Err(OpError::Kernel {
@@ -148,17 +158,21 @@ impl<O: sdk::Op> Operator for Native<O> {
             .map_err(bad)?;
         let inputs = sdk::Inputs::new(&ins);
         let attrs = sdk::Attrs::from_host(attrs);
-        let mut workspace = Workspace::default();
+        let mut workspace = Workspace::none();
         if let Some(size) = O::WORKSPACE {
             let metas: SmallVec<[Option<sdk::Meta>; 4]> =
                 ins.iter().map(|t| t.as_ref().map(|t| sdk::Meta::new(t.dtype(), t.shape()))).collect();
-            workspace = Workspace::new(size(&sdk::Inputs::new(&metas), &attrs));
+            let bytes = guarded(O::NAME, || Ok(size(&sdk::Inputs::new(&metas), &attrs)))?;
+            workspace = Workspace::new(bytes).ok_or_else(|| OpError::Kernel {
+                op: O::NAME.into(),
+                message: format!("cannot allocate a workspace of {bytes} bytes"),
+            })?;
         }
-        O::run(&inputs, &mut outs, &attrs, workspace.bytes()).map_err(bad)
+        guarded(O::NAME, || O::run(&inputs, &mut outs, &attrs, workspace.bytes()).map_err(bad))
     }
 
     fn in_place_ok(&self) -> bool {
-        O::IN_PLACE
+        O::IN_PLACE.is_some()
     }
 
     fn lane(&self) -> Option<&Lane> {
@@ -166,31 +180,21 @@ impl<O: sdk::Op> Operator for Native<O> {
     }
 }
 
+/// Runs an operator's function, turning a panic (`inputs[i]` of an absent input, say) into
+/// an error, as the plugin trampolines do: a kernel bug never unwinds through the runtime.
+fn guarded<T>(op: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|panic| {
+        Err(OpError::Kernel { op: op.to_string(), message: format!("panicked: {}", panic_text(&*panic)) })
+    })
+}
+
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    let text = panic.downcast_ref::<String>().cloned().or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()));
+    text.unwrap_or_else(|| "unknown panic".into())
+}
+
 fn sdk_metas(inputs: &[Option<Meta>]) -> SmallVec<[Option<sdk::Meta>; 4]> {
     inputs.iter().map(|m| m.as_ref().map(|m| sdk::Meta::new(m.dtype, &m.shape))).collect()
-}
-
-/// Scratch memory for [`sdk::Op::WORKSPACE`], 64-byte aligned as the ABI promises.
-#[derive(Default)]
-struct Workspace {
-    lines: Vec<CacheLine>,
-    len: usize,
-}
-
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct CacheLine([u8; 64]);
-
-impl Workspace {
-    fn new(len: usize) -> Workspace {
-        Workspace { lines: vec![CacheLine([0; 64]); len.div_ceil(64)], len }
-    }
-
-    fn bytes(&mut self) -> &mut [u8] {
-        // SAFETY: `lines` holds `len.div_ceil(64) * 64 >= len` initialized bytes, borrowed
-        // mutably with `self`.
-        unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr().cast::<u8>(), self.len) }
-    }
 }
 
 /// The host's attribute values, read by an in-process operator through [`sdk::Attrs`].

@@ -39,7 +39,8 @@ impl Op for Affine {
     const DTYPES: &'static [DType] = &[DType::F64, DType::I32];
     const INPUT_DTYPES: Option<opbridge_plugin_sdk::InputDtypesFn> =
         Some(|inputs, _| Ok(inputs.iter().map(|m| m.map(|_| DType::F64)).collect()));
-    const IN_PLACE: bool = true;
+    // SAFETY: `run` collects its inputs into buffers before it takes the output's slice.
+    const IN_PLACE: Option<opbridge_plugin_sdk::InPlace> = Some(unsafe { opbridge_plugin_sdk::InPlace::new() });
 
     fn infer(inputs: &Inputs<'_, Meta2>, attrs: &Attrs<'_>) -> Result<Vec<Meta2>> {
         INFER_CALLS.with(|c| c.set(c.get() + 1));
@@ -264,14 +265,65 @@ fn the_registry_lists_and_dispatches_native_operators() {
     assert_eq!(listed[0].versions[0].2, vec![DType::F64, DType::I32]);
 }
 
-#[test]
-fn every_builtin_is_a_native_operator_with_a_valid_descriptor() {
-    // The global registry registers every built-in through `native::op`, which runs the
-    // loader's descriptor checks: reaching it at all means each one passed them.
-    let registry = Registry::global();
-    let names: Vec<String> = registry.list().into_iter().map(|info| info.name).collect();
-    for name in ["add", "gelu", "transpose", "sum", "layer_norm", "embedding_bag", "matmul", "vector_add"] {
-        assert!(names.iter().any(|n| n == name), "{name} missing from {names:?}");
-        assert_eq!(registry.get(name, None).unwrap().source, Source::Builtin);
+/// Probes the adapter's edges: `rule` picks what `INPUT_DTYPES` answers and whether `infer`
+/// panics; `run` checks the workspace it gets.
+struct Probe;
+
+impl Op for Probe {
+    const NAME: &'static str = "probe";
+    const VERSION: u32 = 1;
+    const INPUTS: &'static [&'static str] = &["x", "y"];
+    const OPTIONAL_INPUTS: &'static [&'static str] = &["y"];
+    const ATTRS: &'static [Attr] = &[Attr::str("rule", "keep")];
+    const DTYPES: &'static [DType] = &[DType::F32, DType::F64];
+    const INPUT_DTYPES: Option<opbridge_plugin_sdk::InputDtypesFn> = Some(|inputs, attrs| {
+        Ok(match attrs.str("rule")? {
+            "f16" => vec![Some(DType::F16); inputs.len()],
+            _ => vec![None; inputs.len()],
+        })
+    });
+    const WORKSPACE: Option<opbridge_plugin_sdk::WorkspaceFn> = Some(|inputs, _| inputs[0].shape[0] * 8 + 1);
+
+    fn infer(inputs: &Inputs<'_, Meta2>, attrs: &Attrs<'_>) -> Result<Vec<Meta2>> {
+        if attrs.str("rule")? == "panic" {
+            return Ok(vec![inputs[1].clone()]); // `y` is absent: `Inputs` panics
+        }
+        Ok(vec![inputs[0].clone()])
     }
+
+    fn run(inputs: &Inputs<'_, Tensor<'_>>, outputs: &mut [TensorMut<'_>], _: &Attrs<'_>, ws: &mut [u8]) -> Result<()> {
+        assert_eq!(ws.len(), inputs[0].len() * 8 + 1);
+        assert_eq!(ws.as_ptr() as usize % 64, 0, "64-byte aligned");
+        assert!(ws.iter().all(|&b| b == 0), "zeroed");
+        let x: Vec<f64> = inputs[0].values::<f64>()?.collect();
+        outputs[0].as_mut_slice::<f64>()?.copy_from_slice(&x);
+        Ok(())
+    }
+}
+
+#[test]
+fn input_dtype_rules_keep_present_inputs_and_stay_within_the_declared_dtypes() {
+    let op = native::op::<Probe>().unwrap();
+    let x = Some(Meta::new(DType::F32, &[2]));
+    assert_eq!(op.input_dtypes(&[x.clone(), None], &attrs(&op, &[])).unwrap(), vec![Some(DType::F32), None]);
+    let err = op.input_dtypes(&[x, None], &attrs(&op, &[("rule", AttrValue::Str("f16".into()))])).unwrap_err();
+    assert!(matches!(err, OpError::Kernel { .. }), "{err:?}");
+    assert!(err.to_string().contains("chose float16 for input \"x\"; the operator declares float32, float64"), "{err}");
+}
+
+#[test]
+fn a_panicking_operator_gives_an_error_not_an_unwind() {
+    let op = native::op::<Probe>().unwrap();
+    let x = Some(Meta::new(DType::F64, &[2]));
+    let err = op.infer(&[x, None], &attrs(&op, &[("rule", AttrValue::Str("panic".into()))])).unwrap_err();
+    assert!(matches!(err, OpError::Kernel { .. }), "{err:?}");
+    assert!(err.to_string().contains("panicked: input 1 was not passed"), "{err}");
+}
+
+#[test]
+fn kernels_get_the_workspace_they_ask_for() {
+    let op = native::op::<Probe>().unwrap();
+    let (mut x, mut out) = (vec![1.0, 2.0, 3.0], vec![0.0; 3]);
+    op.run_cpu(&[Some(f64_view(&mut x)), None], &[f64_view(&mut out)], &attrs(&op, &[])).unwrap();
+    assert_eq!(out, x);
 }

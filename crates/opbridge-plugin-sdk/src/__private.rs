@@ -91,7 +91,7 @@ pub fn describe<O: Op>() -> Described {
         attrs: attrs.as_ptr(),
         n_dtypes: count(dtypes.len()),
         dtypes: dtypes.as_ptr(),
-        flags: if O::IN_PLACE { sys::OPB_OP_IN_PLACE_OK } else { 0 },
+        flags: if O::IN_PLACE.is_some() { sys::OPB_OP_IN_PLACE_OK } else { 0 },
         infer: Some(infer::<O>),
         input_dtypes: O::INPUT_DTYPES.map(|_| input_dtypes::<O> as sys::OpbInputDtypesFn),
         cpu_kernel: Some(kernel::<O>),

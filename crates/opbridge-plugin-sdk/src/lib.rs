@@ -593,6 +593,24 @@ pub type WorkspaceFn = fn(inputs: &Inputs<'_, Meta>, attrs: &Attrs<'_>) -> usize
 /// one entry per input, `None` for absent ones.
 pub type InputDtypesFn = fn(inputs: &Inputs<'_, Meta>, attrs: &Attrs<'_>) -> Result<Vec<Option<DType>>>;
 
+/// The opt-in to in-place calls ([`Op::IN_PLACE`]):
+/// `const IN_PLACE: Option<InPlace> = Some(unsafe { InPlace::new() });`
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InPlace(());
+
+impl InPlace {
+    /// # Safety
+    /// With it, `run` may receive an output whose memory is exactly an input's. `run` must then
+    /// never hold a reference into that input (a slice from [`Tensor::as_slice`], or a
+    /// [`Tensor::values`] iterator) while a reference into the output
+    /// ([`TensorMut::as_mut_slice`]) is alive, or write the output through anything but
+    /// the raw pointers ([`Tensor::as_ptr`], [`TensorMut::as_mut_ptr`]) while reading the input.
+    /// Reading the whole input into a buffer first, or working on raw pointers, is fine.
+    pub const unsafe fn new() -> InPlace {
+        InPlace(())
+    }
+}
+
 /// One operator version. Implement it on a unit struct and list the type in
 /// [`export_plugin!`] (a plugin), or register it in a host with `opbridge_ops::native`
 /// (opbridge's built-in operators are written this way).
@@ -617,9 +635,10 @@ pub trait Op: 'static {
     /// like `infer`.
     const INPUT_DTYPES: Option<InputDtypesFn> = None;
     /// Whether an output may be exactly an input of the same dtype and shape (`out=x` in
-    /// Python, for elementwise operators). A kernel that allows it must not hold a slice of an
-    /// input while writing the output over it: work on raw pointers, or element by element.
-    const IN_PLACE: bool = false;
+    /// Python, for elementwise operators); `None` (the default): outputs never overlap inputs.
+    /// Opting in is `unsafe` (see [`InPlace::new`]): the input and output views then cover the
+    /// same memory, which safe slices of both would alias.
+    const IN_PLACE: Option<InPlace> = None;
 
     /// The shape function: checks the inputs and returns one `Meta` per output. A pure
     /// function of its arguments: opbridge may reuse an earlier result for equal arguments.

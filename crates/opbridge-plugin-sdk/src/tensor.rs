@@ -102,10 +102,14 @@ impl<'a> Layout<'a> {
     }
 
     fn is_contiguous(&self) -> bool {
-        contiguous_strides(self.shape)
-            .iter()
-            .zip(self.shape.iter().zip(self.strides.iter()))
-            .all(|(&e, (&d, &s))| d <= 1 || s == e)
+        let mut expected = 1isize;
+        for (&d, &s) in self.shape.iter().zip(self.strides.iter()).rev() {
+            if d > 1 && s != expected {
+                return false;
+            }
+            expected *= d as isize;
+        }
+        true
     }
 
     fn check<T: Element>(&self) -> Result<()> {
@@ -140,7 +144,9 @@ pub struct Tensor<'a> {
 }
 
 // SAFETY: a `Tensor` is a shared view of memory nobody writes during the call (the ABI's
-// contract); reading it from several threads is sound.
+// contract; an in-place operator's output may be the same memory, and `InPlace::new` makes
+// its author promise not to read the input through references while writing it); reading it
+// from several threads is sound.
 unsafe impl Send for Tensor<'_> {}
 // SAFETY: as for `Send`.
 unsafe impl Sync for Tensor<'_> {}
@@ -309,7 +315,8 @@ pub struct TensorMut<'a> {
 }
 
 // SAFETY: an output is memory only this kernel call writes (the ABI's contract: outputs never
-// overlap inputs or each other), so moving or sharing the view between threads is sound.
+// overlap inputs or each other, except an in-place operator's, see `InPlace::new`), so moving
+// or sharing the view between threads is sound.
 unsafe impl Send for TensorMut<'_> {}
 // SAFETY: as for `Send`; writing needs `&mut self`.
 unsafe impl Sync for TensorMut<'_> {}
@@ -326,7 +333,7 @@ impl<'a> TensorMut<'a> {
     ///
     /// # Safety
     /// `data` is element 0 of a C-contiguous tensor of `dtype` and this shape, writable for
-    /// `'a` and not written by anyone else meanwhile (except as [`Op::IN_PLACE`](crate::Op::IN_PLACE) says).
+    /// `'a` and not written by anyone else meanwhile (except as [`InPlace`](crate::InPlace) allows).
     pub unsafe fn from_raw_parts(
         data: *mut u8,
         dtype: DType,

@@ -257,7 +257,8 @@ impl Op for Combine {
     const INPUT_DTYPES: Option<InputDtypesFn> = Some(|inputs, _attrs| {
         Ok(inputs.iter().map(|m| m.map(|m| if m.dtype == DType::I32 { DType::F64 } else { m.dtype })).collect())
     });
-    const IN_PLACE: bool = true;
+    // SAFETY: `run` collects its inputs into buffers before it takes the output's slice.
+    const IN_PLACE: Option<opbridge_plugin_sdk::InPlace> = Some(unsafe { opbridge_plugin_sdk::InPlace::new() });
 
     fn infer(inputs: &Inputs<'_, Meta>, attrs: &Attrs<'_>) -> Result<Vec<Meta>> {
         if !matches!(attrs.str("mode")?, "sum" | "max") {

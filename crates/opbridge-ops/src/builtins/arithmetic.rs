@@ -4,9 +4,9 @@
 
 use std::sync::Arc;
 
-use opbridge_plugin_sdk::{Attr, Attrs, DType, InputDtypesFn, Inputs, Meta, Op, Tensor, TensorMut};
+use opbridge_plugin_sdk::{Attr, Attrs, DType, InPlace, InputDtypesFn, Inputs, Meta, Op, Tensor, TensorMut};
 
-use super::{kernel, promote_both, OpResult};
+use super::{kernel, promote_both, OpResult, IN_PLACE_OK};
 use crate::error::{OpError, Result};
 use crate::kernels::binary::{
     axpy as axpy_kernel, binary, binary_contiguous, binary_lane_accepts, binary_result_dtype, BinaryOp,
@@ -109,7 +109,7 @@ impl<const K: usize> Op for Binary<K> {
     const INPUTS: &'static [&'static str] = &["a", "b"];
     const DTYPES: &'static [DType] = &DType::ALL;
     const INPUT_DTYPES: Option<InputDtypesFn> = Some(Self::input_dtypes);
-    const IN_PLACE: bool = true;
+    const IN_PLACE: Option<InPlace> = IN_PLACE_OK;
 
     fn infer(inputs: &Inputs<'_, Meta>, _: &Attrs<'_>) -> OpResult<Vec<Meta>> {
         let (a, b) = (&inputs[0], &inputs[1]);
@@ -141,7 +141,7 @@ impl Op for Axpy {
     const ATTRS: &'static [Attr] = &[Attr::float("alpha", 1.0).doc("factor of x")];
     const DTYPES: &'static [DType] = &FLOATS;
     const INPUT_DTYPES: Option<InputDtypesFn> = Some(promote_both);
-    const IN_PLACE: bool = true;
+    const IN_PLACE: Option<InPlace> = IN_PLACE_OK;
 
     fn infer(inputs: &Inputs<'_, Meta>, _: &Attrs<'_>) -> OpResult<Vec<Meta>> {
         let (x, y) = (&inputs[0], &inputs[1]);
@@ -207,7 +207,7 @@ impl<const K: usize> Op for Unary<K> {
     const INPUTS: &'static [&'static str] = &["x"];
     const DTYPES: &'static [DType] = &DType::ALL;
     const INPUT_DTYPES: Option<InputDtypesFn> = Some(Self::input_dtypes);
-    const IN_PLACE: bool = true;
+    const IN_PLACE: Option<InPlace> = IN_PLACE_OK;
 
     fn infer(inputs: &Inputs<'_, Meta>, _: &Attrs<'_>) -> OpResult<Vec<Meta>> {
         let x = &inputs[0];
@@ -252,7 +252,7 @@ impl Op for Gelu {
     const INPUTS: &'static [&'static str] = &["x"];
     const ATTRS: &'static [Attr] = &[Attr::str("approximate", "none").doc("'none' (erf form) or 'tanh'.")];
     const DTYPES: &'static [DType] = &FLOATS;
-    const IN_PLACE: bool = true;
+    const IN_PLACE: Option<InPlace> = IN_PLACE_OK;
 
     fn infer(inputs: &Inputs<'_, Meta>, attrs: &Attrs<'_>) -> OpResult<Vec<Meta>> {
         gelu_form(attrs.str("approximate")?)?;

@@ -3,7 +3,7 @@
 //! checks; elementwise ones add the host's fast lane.
 #![allow(unsafe_code)] // kernels run on views whose validity the registry's callers guarantee.
 
-use opbridge_plugin_sdk::{Attrs, DType, Inputs, Meta, Op, Tensor, TensorMut};
+use opbridge_plugin_sdk::{Attrs, DType, InPlace, Inputs, Meta, Op, Tensor, TensorMut};
 
 use crate::error::Result;
 use crate::kernels::{elementwise, matmul as mm};
@@ -13,6 +13,11 @@ use crate::{check_matmul, check_vector_add, Alias};
 
 mod arithmetic;
 mod reductions;
+
+/// In-place calls for elementwise built-ins.
+// SAFETY: built-in kernels never make references into tensors: they work on `TensorView`s
+// (raw addresses, `native::view`), and each kernel supports an output equal to an input.
+const IN_PLACE_OK: Option<InPlace> = Some(unsafe { InPlace::new() });
 
 /// The SDK's result type, which built-ins return (host `OpError`s convert with `?`).
 type OpResult<T> = opbridge_plugin_sdk::Result<T>;
@@ -54,7 +59,7 @@ impl Op for VectorAdd {
     const INPUTS: &'static [&'static str] = &["a", "b"];
     const DTYPES: &'static [DType] = &DType::ALL;
     const INPUT_DTYPES: Option<opbridge_plugin_sdk::InputDtypesFn> = Some(promote_both);
-    const IN_PLACE: bool = true;
+    const IN_PLACE: Option<InPlace> = IN_PLACE_OK;
 
     fn infer(inputs: &Inputs<'_, Meta>, _: &Attrs<'_>) -> OpResult<Vec<Meta>> {
         let (a, b) = (&inputs[0], &inputs[1]);

@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
-use opbridge_plugin_sdk::{Attr, Attrs, DType, InputDtypesFn, Inputs, Meta, Op, Tensor, TensorMut};
+use opbridge_plugin_sdk::{Attr, Attrs, DType, InPlace, InputDtypesFn, Inputs, Meta, Op, Tensor, TensorMut};
 
-use super::{kernel, promote_both, OpResult};
+use super::{kernel, promote_both, OpResult, IN_PLACE_OK};
 use crate::error::{OpError, Result};
 use crate::kernels::batched::{batched_matmul, matmul_shapes};
 use crate::kernels::embedding::{embedding_bag, BagMode};
@@ -110,7 +110,7 @@ impl<const LOG: bool> Op for Softmax<LOG> {
     const INPUTS: &'static [&'static str] = &["x"];
     const ATTRS: &'static [Attr] = &[Attr::int("axis", -1).doc("Axis to normalize over.")];
     const DTYPES: &'static [DType] = &FLOATS;
-    const IN_PLACE: bool = true;
+    const IN_PLACE: Option<InPlace> = IN_PLACE_OK;
 
     fn infer(inputs: &Inputs<'_, Meta>, attrs: &Attrs<'_>) -> OpResult<Vec<Meta>> {
         let x = &inputs[0];
@@ -169,7 +169,7 @@ impl Op for LayerNorm {
     const ATTRS: &'static [Attr] = &[Attr::float("eps", 1e-5).doc("Added to the variance.")];
     const DTYPES: &'static [DType] = &FLOATS;
     const INPUT_DTYPES: Option<InputDtypesFn> = Some(params_like_x);
-    const IN_PLACE: bool = true;
+    const IN_PLACE: Option<InPlace> = IN_PLACE_OK;
 
     fn infer(inputs: &Inputs<'_, Meta>, _: &Attrs<'_>) -> OpResult<Vec<Meta>> {
         let x = &inputs[0];
@@ -204,7 +204,7 @@ impl Op for RmsNorm {
     const ATTRS: &'static [Attr] = &[Attr::float("eps", 1e-6).doc("Added to the mean square.")];
     const DTYPES: &'static [DType] = &FLOATS;
     const INPUT_DTYPES: Option<InputDtypesFn> = Some(params_like_x);
-    const IN_PLACE: bool = true;
+    const IN_PLACE: Option<InPlace> = IN_PLACE_OK;
 
     fn infer(inputs: &Inputs<'_, Meta>, _: &Attrs<'_>) -> OpResult<Vec<Meta>> {
         let x = &inputs[0];

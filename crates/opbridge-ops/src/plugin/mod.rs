@@ -470,7 +470,7 @@ impl PluginOp {
         err[result::ERR_LEN - 1] = 0;
         result::check(self.name(), status, &err)?;
         let schema = &self.spec.schema;
-        inputs
+        let chosen: Vec<Option<DType>> = inputs
             .iter()
             .zip(&dtypes)
             .zip(&schema.inputs)
@@ -485,7 +485,9 @@ impl PluginOp {
                     ),
                 }),
             })
-            .collect()
+            .collect::<Result<_>>()?;
+        self.spec.check_chosen_dtypes(inputs, &chosen)?;
+        Ok(chosen)
     }
 
     /// The library's shape function on `inputs`, its outputs checked and converted.
@@ -636,25 +638,36 @@ impl PluginOp {
     }
 }
 
-/// Scratch memory for one kernel call, 64-byte aligned.
-struct Workspace {
+/// Scratch memory for one kernel call, 64-byte aligned (plugins' and in-process operators').
+pub(crate) struct Workspace {
     ptr: *mut c_void,
     layout: Option<std::alloc::Layout>,
 }
 
 impl Workspace {
-    fn none() -> Workspace {
+    pub(crate) fn none() -> Workspace {
         Workspace { ptr: std::ptr::null_mut(), layout: None }
     }
 
-    fn new(bytes: usize) -> Option<Workspace> {
+    pub(crate) fn new(bytes: usize) -> Option<Workspace> {
         if bytes == 0 {
             return Some(Workspace::none());
         }
         let layout = std::alloc::Layout::from_size_align(bytes, 64).ok()?;
+        // Zeroed: Rust kernels (the SDK's, in-process operators) see it as a `&mut [u8]`, which
+        // must not cover uninitialized bytes.
         // SAFETY: `layout` has a non-zero size.
-        let ptr = unsafe { std::alloc::alloc(layout) };
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
         (!ptr.is_null()).then_some(Workspace { ptr: ptr.cast(), layout: Some(layout) })
+    }
+
+    /// The scratch bytes (empty without a workspace).
+    pub(crate) fn bytes(&mut self) -> &mut [u8] {
+        match self.layout {
+            // SAFETY: `ptr` is an allocation of `layout.size()` zeroed bytes owned by `self`.
+            Some(layout) => unsafe { std::slice::from_raw_parts_mut(self.ptr.cast::<u8>(), layout.size()) },
+            None => &mut [],
+        }
     }
 }
 

@@ -9,7 +9,7 @@ use opbridge_runtime::DType;
 
 use super::sys;
 use crate::error::OpError;
-use crate::schema::{AttrSpec, AttrValue, InputSpec, Schema};
+use crate::schema::{AttrSpec, AttrValue, InputSpec, Meta, Schema};
 
 /// Bytes of the message buffer every callback receives.
 pub const ERR_LEN: usize = 1024;
@@ -140,6 +140,34 @@ impl OpSpec {
                 return Err(OpError::InvalidAttribute {
                     op: schema.name.clone(),
                     message: format!("expected {} to be {expected}, got {value}", spec.name),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl OpSpec {
+    /// Checks an input-dtype rule's choice: the kernel only ever sees the operator's declared
+    /// dtypes (plugin.h's promise to kernels), and a present input keeps a dtype.
+    pub fn check_chosen_dtypes(&self, inputs: &[Option<Meta>], chosen: &[Option<DType>]) -> Result<(), OpError> {
+        let schema = &self.schema;
+        for ((input, dtype), spec) in inputs.iter().zip(chosen).zip(&schema.inputs) {
+            let fits = match (input, dtype) {
+                (None, _) => true,
+                (Some(_), Some(dtype)) => schema.dtypes.contains(dtype),
+                (Some(_), None) => false,
+            };
+            if !fits {
+                let names: Vec<&str> = schema.dtypes.iter().map(|d| d.name()).collect();
+                return Err(OpError::Kernel {
+                    op: schema.name.clone(),
+                    message: format!(
+                        "the input-dtype rule chose {} for input {:?}; the operator declares {}",
+                        dtype.map_or("nothing", DType::name),
+                        spec.name,
+                        names.join(", ")
+                    ),
                 });
             }
         }
@@ -301,7 +329,12 @@ pub unsafe fn validate(desc: &sys::OpbOpDesc) -> Result<OpSpec, String> {
         if required && default_none {
             return Err(bad("OPB_ATTR_REQUIRED and OPB_ATTR_DEFAULT_NONE contradict each other".into()));
         }
+        if !(sys::OPB_ATTR_INT..=sys::OPB_ATTR_INTS).contains(&a.kind) {
+            return Err(bad(format!("kind {}; expected 0 (int), 1 (float), 2 (bool), 3 (str) or 4 (ints)", a.kind)));
+        }
+        // The default fields are read only when there is a default (plugin.h: ignored otherwise).
         let default = match a.kind {
+            _ if required || default_none => AttrValue::None,
             sys::OPB_ATTR_INT => AttrValue::Int(a.default_int),
             sys::OPB_ATTR_FLOAT => AttrValue::Float(a.default_float),
             sys::OPB_ATTR_BOOL => AttrValue::Bool(a.default_int != 0),
@@ -317,11 +350,8 @@ pub unsafe fn validate(desc: &sys::OpbOpDesc) -> Result<OpSpec, String> {
                 // SAFETY: the caller vouches for the pointers; the count was checked above.
                 AttrValue::Ints(unsafe { array(a.default_ints, n, "default_ints") }.map_err(&bad)?.to_vec())
             }
-            kind => {
-                return Err(bad(format!("kind {kind}; expected 0 (int), 1 (float), 2 (bool), 3 (str) or 4 (ints)")))
-            }
+            _ => unreachable!("kinds were checked above"),
         };
-        let default = if default_none { AttrValue::None } else { default };
         // SAFETY: the caller vouches for the pointers; counts were checked above.
         let doc = unsafe { read_c_str(a.doc, MAX_DOC, "attribute doc") }.map_err(fail)?.unwrap_or_default();
         attrs.push(AttrSpec { name: attr_name, default: (!required).then_some(default), doc });

@@ -142,7 +142,7 @@ static inline int opb_dtype_is(DLDataType t, int code, int bits) {
  * Attributes: non-tensor arguments, passed by keyword from Python (`alpha=2.0`).
  * ------------------------------------------------------------------------------------------- */
 typedef enum {
-  OPB_ATTR_INT = 0,   /* Python int, C int64_t (`OpbAttrValue.i`) */
+  OPB_ATTR_INT = 0,   /* Python int (bools accepted, as 0/1), C int64_t (`OpbAttrValue.i`) */
   OPB_ATTR_FLOAT = 1, /* Python float (ints accepted), C double (`OpbAttrValue.f`) */
   OPB_ATTR_BOOL = 2,  /* Python bool, C 0 or 1 in `OpbAttrValue.i` */
   OPB_ATTR_STR = 3,   /* Python str (or a numpy dtype, by name), C UTF-8 in `OpbAttrValue.s` */
@@ -158,6 +158,7 @@ typedef struct {
   const char *name;            /* a Python identifier, unique within the operator */
   int32_t kind;                /* an OpbAttrKind */
   uint32_t flags;              /* OPB_ATTR_* flags */
+  /* The default fields are ignored (never read) for REQUIRED and DEFAULT_NONE attributes. */
   int64_t default_int;         /* default of INT and BOOL attributes */
   double default_float;        /* default of FLOAT attributes */
   const char *default_str;     /* default of STR attributes (NULL: "") */
@@ -220,9 +221,10 @@ typedef int (*OpbInferFn)(const OpbMeta *inputs, int n_in, OpbMeta *outputs, int
 
 /* Input dtypes (optional): the dtype each input is converted to before the kernel runs, for
  * operators that compute in a common type (numpy's promotion: int32 + float32 in float64).
- * `dtypes` arrives holding the inputs' own dtypes; change the entries to convert. Each must be
- * one of the five OPB_* dtypes. `infer` still sees the inputs as the caller passed them. Pure,
- * like the shape function: opbridge may reuse an earlier result for equal arguments. */
+ * `dtypes` arrives holding the inputs' own dtypes (zeroed entries for absent inputs, which are
+ * ignored); change the entries to convert. Each must be one of the operator's `dtypes`. `infer`
+ * still sees the inputs as the caller passed them; the kernel and `workspace_size` see the
+ * converted ones. Pure, like the shape function: opbridge may reuse an earlier result. */
 typedef int (*OpbInputDtypesFn)(const OpbMeta *inputs, int n_in, DLDataType *dtypes,
                                 const OpbAttrs *attrs, char *err_msg, size_t err_len);
 
