@@ -26,8 +26,8 @@ static int infer(const OpbMeta *in, int n_in, OpbMeta *out, int n_out, const Opb
 }
 
 static int kernel(const DLTensor *in, int n_in, DLTensor *out, int n_out, const OpbAttrs *attrs,
-                  void *stream, void *ws, char *err, size_t len) {
-  (void)n_in; (void)n_out; (void)stream; (void)ws; (void)err; (void)len;
+                  void *stream, void *ws, size_t ws_size, char *err, size_t len) {
+  (void)n_in; (void)n_out; (void)stream; (void)ws; (void)ws_size; (void)err; (void)len;
   double k = opb_attr(attrs, "k")->f;
   int64_t n = 1;
   for (int d = 0; d < out[0].ndim; d++) n *= out[0].shape[d];

@@ -55,8 +55,8 @@ static int combine_input_dtypes(const OpbMeta *in, int n_in, DLDataType *dtypes,
 }
 
 static int combine_kernel(const DLTensor *in, int n_in, DLTensor *out, int n_out, const OpbAttrs *attrs,
-                          void *stream, void *ws, char *err, size_t len) {
-  (void)n_in, (void)n_out, (void)stream, (void)ws;
+                          void *stream, void *ws, size_t ws_size, char *err, size_t len) {
+  (void)n_in, (void)n_out, (void)stream, (void)ws, (void)ws_size;
   bump();
   const DLTensor *a = &in[0], *b = opb_absent(&in[1]) ? NULL : &in[1];
   if (!b && (in[1].data || in[1].shape || in[1].strides))
@@ -88,8 +88,8 @@ static int stats_infer(const OpbMeta *in, int n_in, OpbMeta *out, int n_out, con
 }
 
 static int stats_kernel(const DLTensor *in, int n_in, DLTensor *out, int n_out, const OpbAttrs *attrs, void *stream,
-                        void *ws, char *err, size_t len) {
-  (void)in, (void)n_in, (void)n_out, (void)attrs, (void)stream, (void)ws, (void)err, (void)len;
+                        void *ws, size_t ws_size, char *err, size_t len) {
+  (void)in, (void)n_in, (void)n_out, (void)attrs, (void)stream, (void)ws, (void)ws_size, (void)err, (void)len;
   double *po = (double *)out[0].data;
   po[0] = (double)__atomic_load_n(&calls, __ATOMIC_RELAXED);
   po[1] = (double)__atomic_load_n(&last_in_place, __ATOMIC_RELAXED);

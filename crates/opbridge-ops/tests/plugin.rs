@@ -74,8 +74,8 @@ static int infer(const OpbMeta *in, int n_in, OpbMeta *out, int n_out, const Opb
   return OPB_OK;
 }}
 static int kernel(const DLTensor *in, int n_in, DLTensor *out, int n_out, const OpbAttrs *attrs,
-                  void *stream, void *ws, char *err, size_t len) {{
-  (void)n_in; (void)n_out; (void)stream; (void)ws;
+                  void *stream, void *ws, size_t ws_size, char *err, size_t len) {{
+  (void)n_in; (void)n_out; (void)stream; (void)ws; (void)ws_size;
   long long k = opb_attr(attrs, "k")->i;
   if (k < 0) return opb_fail(err, len, OPB_ERR_INVALID_ARGUMENT, "{name}: k must not be negative");
   if (k == 99) return opb_fail(err, len, OPB_ERR_FAILED, "{name}: k = 99 is a kernel failure");
@@ -250,6 +250,52 @@ fn calls_attributes_and_kernel_errors() {
     );
     let wrong_kind = call("plug_add", None, &[1.0], &[("k", AttrValue::Float(0.5))]).unwrap_err();
     assert!(matches!(wrong_kind, OpError::InvalidAttribute { .. }), "{wrong_kind:?}");
+    lib.unload().unwrap();
+}
+
+#[test]
+fn the_kernel_receives_the_workspace_and_its_size() {
+    // `workspace_size` asks for 4 bytes per element but the first; the kernel fills what it got
+    // and writes its size (+ 0.5 when the pointer is not NULL) to every element.
+    let source = r#"
+#include <stdint.h>
+#include <string.h>
+#include <opbridge/plugin.h>
+static int infer(const OpbMeta *in, int n_in, OpbMeta *out, int n_out, const OpbAttrs *attrs, char *err, size_t len) {
+  (void)n_in; (void)n_out; (void)attrs; (void)err; (void)len;
+  out[0] = in[0];
+  return OPB_OK;
+}
+static size_t wsize(const OpbMeta *in, int n_in, const OpbAttrs *attrs) {
+  (void)n_in; (void)attrs;
+  return 4 * (size_t)(in[0].shape[0] - 1);
+}
+static int kernel(const DLTensor *in, int n_in, DLTensor *out, int n_out, const OpbAttrs *attrs,
+                  void *stream, void *ws, size_t ws_size, char *err, size_t len) {
+  (void)in; (void)n_in; (void)n_out; (void)attrs; (void)stream;
+  if ((ws == NULL) != (ws_size == 0)) return opb_fail(err, len, OPB_ERR_FAILED, "NULL workspace iff size 0");
+  if ((uintptr_t)ws % 64) return opb_fail(err, len, OPB_ERR_FAILED, "workspace not 64-byte aligned");
+  if (ws) memset(ws, 0xab, ws_size);
+  float *o = (float *)out[0].data;
+  for (int64_t i = 0; i < out[0].shape[0]; i++) o[i] = (float)ws_size + (ws ? 0.5f : 0.0f);
+  return OPB_OK;
+}
+static const DLDataType dtypes[] = {OPB_FLOAT32};
+static OpbOpDesc ops[] = {{
+  .name = "plug_ws", .version = 1, .n_inputs = 1, .n_outputs = 1, .n_dtypes = 1, .dtypes = dtypes,
+  .infer = infer, .cpu_kernel = kernel, .workspace_size = wsize,
+}};
+OPB_EXPORT int opbridge_plugin_init(const OpbPluginHost *host, OpbPluginInfo *info) {
+  info->abi_version = OPBRIDGE_PLUGIN_ABI_VERSION;
+  if (host->abi_version != OPBRIDGE_PLUGIN_ABI_VERSION) return OPB_ERR_ABI_MISMATCH;
+  info->n_ops = 1; info->ops = ops; return OPB_OK;
+}
+"#;
+    let lib = Library::load(shared_library(source, "plug_ws")).unwrap();
+    assert_eq!(call("plug_ws", None, &[0.0; 3], &[]).unwrap(), vec![8.5; 3]);
+    assert_eq!(call("plug_ws", None, &[0.0; 17], &[]).unwrap(), vec![64.5; 17]);
+    // A size of 0: no workspace, a NULL pointer.
+    assert_eq!(call("plug_ws", None, &[0.0], &[]).unwrap(), vec![0.0]);
     lib.unload().unwrap();
 }
 
@@ -515,8 +561,8 @@ static int infer(const OpbMeta *in, int n_in, OpbMeta *out, int n_out, const Opb
   return OPB_OK;
 }
 static int kernel(const DLTensor *in, int n_in, DLTensor *out, int n_out, const OpbAttrs *attrs,
-                  void *stream, void *ws, char *err, size_t len) {
-  (void)in; (void)n_in; (void)out; (void)n_out; (void)attrs; (void)stream; (void)ws; (void)err; (void)len;
+                  void *stream, void *ws, size_t ws_size, char *err, size_t len) {
+  (void)in; (void)n_in; (void)out; (void)n_out; (void)attrs; (void)stream; (void)ws; (void)ws_size; (void)err; (void)len;
   return OPB_OK;
 }
 static const char *const inputs[] = {"a"};

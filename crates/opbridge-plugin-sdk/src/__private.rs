@@ -326,7 +326,7 @@ pub unsafe extern "C" fn input_dtypes<O: Op>(
     unsafe { guarded(err_msg, err_len, body) }
 }
 
-/// `OpbWorkspaceFn` for `O` (0 on any error: the kernel then reports it).
+/// `OpbWorkspaceFn` for `O` (0 on any error or panic: `run` then receives an empty workspace).
 ///
 /// # Safety
 /// As [`infer`].
@@ -350,7 +350,8 @@ pub unsafe extern "C" fn workspace_size<O: Op>(
 ///
 /// # Safety
 /// Called by the host as the header says: valid tensors of the inferred metas, outputs disjoint
-/// from inputs, a workspace of the size asked for, a valid error buffer.
+/// from inputs, `workspace` null or valid for reads and writes of `workspace_size` bytes and used
+/// by this call only, a valid error buffer.
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn kernel<O: Op>(
     inputs: *const sys::DLTensor,
@@ -360,6 +361,7 @@ pub unsafe extern "C" fn kernel<O: Op>(
     attrs: *const sys::OpbAttrs,
     _stream: *mut c_void,
     workspace: *mut c_void,
+    workspace_size: usize,
     err_msg: *mut c_char,
     err_len: usize,
 ) -> c_int {
@@ -379,19 +381,14 @@ pub unsafe extern "C" fn kernel<O: Op>(
             .collect::<Result<Vec<_>>>()?;
         // SAFETY: outputs are writable and used by this call only (the ABI's contract).
         let mut outs = c_out.iter().map(|t| unsafe { TensorMut::from_dl(t) }).collect::<Result<Vec<_>>>()?;
-        let size = match O::WORKSPACE {
-            Some(size) => {
-                let metas: Vec<Option<Meta>> =
-                    ins.iter().map(|t| t.as_ref().map(|t| Meta::new(t.dtype(), t.shape()))).collect();
-                size(&Inputs::new(&metas), &attrs)
-            }
-            None => 0,
-        };
-        let ws: &mut [u8] = match (size, workspace.is_null()) {
+        // The bytes the host allocated, whatever `O::WORKSPACE` would say now (it is safe code,
+        // so nothing but the host's word may size this slice).
+        let ws: &mut [u8] = match (workspace_size, workspace.is_null()) {
             (0, _) => &mut [],
             (_, true) => return Err(Error::failed("the host passed no workspace")),
-            // SAFETY: the host allocated the `workspace_size` bytes for this call.
-            (_, false) => unsafe { std::slice::from_raw_parts_mut(workspace.cast::<u8>(), size) },
+            // SAFETY: `workspace` is valid for reads and writes of `workspace_size` bytes and
+            // used by this call only (the caller's obligations).
+            (_, false) => unsafe { std::slice::from_raw_parts_mut(workspace.cast::<u8>(), workspace_size) },
         };
         O::run(&Inputs::new(&ins), &mut outs, &attrs, ws)
     };

@@ -587,6 +587,7 @@ impl<'a> Attrs<'a> {
 }
 
 /// Computes an operator's workspace size from its inputs and attributes (see [`Op::WORKSPACE`]).
+/// Pure, like [`Op::infer`].
 pub type WorkspaceFn = fn(inputs: &Inputs<'_, Meta>, attrs: &Attrs<'_>) -> usize;
 
 /// Chooses the dtype each input is converted to before [`Op::run`] (see [`Op::INPUT_DTYPES`]):
@@ -645,7 +646,8 @@ pub trait Op: 'static {
     fn infer(inputs: &Inputs<'_, Meta>, attrs: &Attrs<'_>) -> Result<Vec<Meta>>;
 
     /// Bytes of scratch memory `run` needs for these inputs (given as `workspace`, 64-byte
-    /// aligned); `None` (the default): no workspace.
+    /// aligned); `None` (the default): no workspace. Pure, like `infer`: the host allocates what it
+    /// returns for a call, and `run` receives exactly those bytes (in a plugin, none if it panicked).
     const WORKSPACE: Option<WorkspaceFn> = None;
 
     /// The CPU kernel. Inputs may have any strides; outputs are contiguous, of the metas `infer`

@@ -154,6 +154,7 @@ pub type OpbKernelFn = unsafe extern "C" fn(
     attrs: *const OpbAttrs,
     stream: *mut c_void,
     workspace: *mut c_void,
+    workspace_size: usize,
     err_msg: *mut c_char,
     err_len: usize,
 ) -> c_int;

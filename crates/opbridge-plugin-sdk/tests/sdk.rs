@@ -4,6 +4,7 @@
 use std::ffi::{c_char, c_void, CStr};
 use std::path::Path;
 use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use opbridge_plugin_sdk::{
     describe, export_plugin, sys, Attr, Attrs, DType, Error, InputDtypesFn, Inputs, Meta, Op, Result, Tensor,
@@ -208,6 +209,7 @@ fn trampolines_run_the_op_and_report_errors_and_panics() {
                 &call.attrs(),
                 std::ptr::null_mut(),
                 workspace.as_mut_ptr().cast(),
+                bytes,
                 err.as_mut_ptr(),
                 err.len(),
             )
@@ -436,6 +438,7 @@ fn string_list_and_none_attributes_and_absent_inputs_reach_infer_and_run() {
                 &call.attrs(),
                 std::ptr::null_mut(),
                 std::ptr::null_mut(),
+                0,
                 err.as_mut_ptr(),
                 err.len(),
             )
@@ -469,6 +472,90 @@ fn the_input_dtypes_trampoline_writes_the_dtypes() {
     assert_eq!(run([meta(DType::I32, &[2]), absent_meta()], &mut err), [f64_, sys::DLDataType::default()]);
     assert_eq!(run([meta(DType::F64, &[2]), meta(DType::I32, &[2])], &mut err), [f64_, f64_]);
     assert_eq!(run([meta(DType::F64, &[2]), meta(DType::F64, &[2])], &mut err), [f64_, f64_]);
+}
+
+static GREEDY_SIZES: AtomicUsize = AtomicUsize::new(0);
+
+/// An impure `WORKSPACE` (safe code may be): 16 bytes the first time it is asked, 1 MiB after.
+/// `run` fills its workspace and writes the length it got.
+struct Greedy;
+
+impl Op for Greedy {
+    const NAME: &'static str = "greedy";
+    const VERSION: u32 = 1;
+    const INPUTS: &'static [&'static str] = &["x"];
+    const DTYPES: &'static [DType] = &[DType::F64];
+    const WORKSPACE: Option<WorkspaceFn> =
+        Some(|_, _| if GREEDY_SIZES.fetch_add(1, Ordering::Relaxed) == 0 { 16 } else { 1 << 20 });
+
+    fn infer(inputs: &Inputs<'_, Meta>, _attrs: &Attrs<'_>) -> Result<Vec<Meta>> {
+        Ok(vec![inputs[0].clone()])
+    }
+
+    fn run(_: &Inputs<'_, Tensor<'_>>, outputs: &mut [TensorMut<'_>], _: &Attrs<'_>, ws: &mut [u8]) -> Result<()> {
+        ws.fill(0xab);
+        outputs[0].as_mut_slice::<f64>()?[0] = ws.len() as f64;
+        Ok(())
+    }
+}
+
+#[test]
+fn the_kernel_sees_exactly_the_workspace_the_host_passed() {
+    let described = describe::<Greedy>();
+    let desc = *described.desc();
+    let (size, kernel) = (desc.workspace_size.unwrap(), desc.cpu_kernel.unwrap());
+    let meta = meta(DType::F64, &[1]);
+    let no_attrs = sys::OpbAttrs { count: 0, values: std::ptr::null(), names: std::ptr::null() };
+    // SAFETY: one input meta, valid attrs.
+    let bytes = unsafe { size(&meta, 1, &no_attrs) };
+    assert_eq!(bytes, 16);
+    // Every later question would get 1 MiB: the kernel must go by the host's size, not ask again.
+    // A guard word after the 16 bytes shows whether the kernel wrote past them.
+    let mut buffer = [0u64; 3];
+    let (mut shape, mut strides) = ([1i64], [1i64]);
+    let x = [0.0f64];
+    let tensor = |data: *mut c_void, shape: *mut i64, strides: *mut i64| sys::DLTensor {
+        data,
+        device: sys::DLDevice { device_type: sys::kDLCPU, device_id: 0 },
+        ndim: 1,
+        dtype: DType::F64.to_dl(),
+        shape,
+        strides,
+        byte_offset: 0,
+    };
+    let input = tensor(x.as_ptr() as *mut c_void, shape.as_mut_ptr(), strides.as_mut_ptr());
+    let mut run = |workspace: *mut u64, workspace_size: usize| {
+        let mut y = [-1.0f64];
+        let mut output = tensor(y.as_mut_ptr().cast(), shape.as_mut_ptr(), strides.as_mut_ptr());
+        let mut err = [0 as c_char; 256];
+        // SAFETY: one input and one output tensor, valid attrs and buffer; `workspace` is null
+        // or valid for `workspace_size` bytes.
+        let status = unsafe {
+            kernel(
+                &input,
+                1,
+                &mut output,
+                1,
+                &no_attrs,
+                std::ptr::null_mut(),
+                workspace.cast(),
+                workspace_size,
+                err.as_mut_ptr(),
+                err.len(),
+            )
+        };
+        (status, y[0], text(err.as_ptr()))
+    };
+    assert_eq!(run(buffer.as_mut_ptr(), bytes), (sys::OPB_OK, 16.0, String::new()));
+    assert_eq!(buffer, [u64::from_ne_bytes([0xab; 8]), u64::from_ne_bytes([0xab; 8]), 0]);
+    // A host passing less than was asked for: the slice is no longer than what it passed.
+    buffer = [0; 3];
+    assert_eq!(run(buffer.as_mut_ptr(), 8), (sys::OPB_OK, 8.0, String::new()));
+    assert_eq!(buffer, [u64::from_ne_bytes([0xab; 8]), 0, 0]);
+    // No workspace: an empty one; a size without a pointer is the host's error, reported.
+    assert_eq!(run(std::ptr::null_mut(), 0), (sys::OPB_OK, 0.0, String::new()));
+    assert_eq!(run(std::ptr::null_mut(), 16), (sys::OPB_ERR_FAILED, -1.0, "the host passed no workspace".to_string()));
+    assert_eq!(GREEDY_SIZES.load(Ordering::Relaxed), 1, "the kernel asked WORKSPACE again");
 }
 
 /// Declares an optional input that is not one of its inputs.

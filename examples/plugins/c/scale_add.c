@@ -86,14 +86,14 @@ static int run(const DLTensor *in, DLTensor *out, double alpha, double beta, cha
 }
 
 static int scale_add_v1(const DLTensor *in, int n_in, DLTensor *out, int n_out, const OpbAttrs *attrs,
-                        void *stream, void *workspace, char *err, size_t err_len) {
-  (void)n_in, (void)n_out, (void)stream, (void)workspace;
+                        void *stream, void *workspace, size_t workspace_size, char *err, size_t err_len) {
+  (void)n_in, (void)n_out, (void)stream, (void)workspace, (void)workspace_size;
   return run(in, out, opb_attr(attrs, "alpha")->f, 1.0, err, err_len);
 }
 
 static int scale_add_v2(const DLTensor *in, int n_in, DLTensor *out, int n_out, const OpbAttrs *attrs,
-                        void *stream, void *workspace, char *err, size_t err_len) {
-  (void)n_in, (void)n_out, (void)stream, (void)workspace;
+                        void *stream, void *workspace, size_t workspace_size, char *err, size_t err_len) {
+  (void)n_in, (void)n_out, (void)stream, (void)workspace, (void)workspace_size;
   return run(in, out, opb_attr(attrs, "alpha")->f, opb_attr(attrs, "beta")->f, err, err_len);
 }
 

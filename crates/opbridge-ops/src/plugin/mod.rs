@@ -618,7 +618,8 @@ impl PluginOp {
         // SAFETY: the library is open while `_open` lives. The views describe memory valid for
         // the kernel (the registry's contract), the DLTensors' shape/stride pointers point into
         // `extents` (absent inputs' are null), alive until the call returns; the attribute struct
-        // points into `values`, alive too; the workspace has the size asked for.
+        // points into `values`, alive too; the workspace is null with size 0 or an allocation of
+        // exactly `workspace.len()` bytes, alive until the call returns.
         let status = unsafe {
             (self.spec.kernel)(
                 c_inputs.as_ptr(),
@@ -628,6 +629,7 @@ impl PluginOp {
                 &c_attrs,
                 std::ptr::null_mut(),
                 workspace.ptr,
+                workspace.len(),
                 err.as_mut_ptr().cast(),
                 err.len(),
             )
@@ -659,6 +661,11 @@ impl Workspace {
         // SAFETY: `layout` has a non-zero size.
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
         (!ptr.is_null()).then_some(Workspace { ptr: ptr.cast(), layout: Some(layout) })
+    }
+
+    /// Its size in bytes (0 without a workspace, whose pointer is null).
+    pub(crate) fn len(&self) -> usize {
+        self.layout.map_or(0, |layout| layout.size())
     }
 
     /// The scratch bytes (empty without a workspace).

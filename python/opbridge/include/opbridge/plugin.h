@@ -229,14 +229,18 @@ typedef int (*OpbInputDtypesFn)(const OpbMeta *inputs, int n_in, DLDataType *dty
                                 const OpbAttrs *attrs, char *err_msg, size_t err_len);
 
 /* Workspace size (optional): bytes of scratch memory the kernel needs for these inputs. The
- * kernel then receives a 64-byte aligned `workspace` of that size, else NULL. */
+ * kernel then receives a 64-byte aligned `workspace` of that size, else NULL. Pure, like the
+ * shape function. */
 typedef size_t (*OpbWorkspaceFn)(const OpbMeta *inputs, int n_in, const OpbAttrs *attrs);
 
 /* Kernel. `stream` is the native stream of the device the call runs on; for CPU kernels it is
- * NULL and the kernel runs synchronously, in order with the rest of the stream's work. */
+ * NULL and the kernel runs synchronously, in order with the rest of the stream's work.
+ * `workspace_size` is the size in bytes of `workspace`: what `workspace_size` returned for this
+ * call, or 0 when `workspace` is NULL (no `workspace_size` callback, or it returned 0). A kernel
+ * must not touch more than `workspace_size` bytes of it. */
 typedef int (*OpbKernelFn)(const DLTensor *inputs, int n_in, DLTensor *outputs, int n_out,
-                           const OpbAttrs *attrs, void *stream, void *workspace, char *err_msg,
-                           size_t err_len);
+                           const OpbAttrs *attrs, void *stream, void *workspace,
+                           size_t workspace_size, char *err_msg, size_t err_len);
 
 /* ---------------------------------------------------------------------------------------------
  * Descriptors.
