@@ -419,6 +419,20 @@ pub enum AttrValue<'a> {
     Ints(&'a [i64]),
 }
 
+/// Python's spelling (`None`, `True`, `2.0`, `"sum"`, `[1, 2]`), as in error messages.
+impl fmt::Display for AttrValue<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AttrValue::None => f.write_str("None"),
+            AttrValue::Int(i) => write!(f, "{i}"),
+            AttrValue::Float(x) => write!(f, "{x:?}"),
+            AttrValue::Bool(b) => f.write_str(if *b { "True" } else { "False" }),
+            AttrValue::Str(s) => write!(f, "{s:?}"),
+            AttrValue::Ints(v) => write!(f, "{v:?}"),
+        }
+    }
+}
+
 /// Where a host keeps a call's attributes when it calls an operator compiled into it (no C
 /// arrays in between). Not for plugin authors.
 #[doc(hidden)]
@@ -509,7 +523,7 @@ impl<'a> Attrs<'a> {
     fn wrong(&self, name: &str, kind: &str) -> Error {
         match self.get(name) {
             None => Error::invalid_argument(format!("the operator declares no attribute {name:?}")),
-            Some(value) => Error::invalid_argument(format!("expected {name} to be {kind}, got {value:?}")),
+            Some(value) => Error::invalid_argument(format!("expected {name} to be {kind}, got {value}")),
         }
     }
 

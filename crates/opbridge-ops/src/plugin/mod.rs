@@ -29,8 +29,6 @@ use crate::registry::{Entry, Operator, Registry, Source};
 use crate::schema::{AttrValue, Attrs, Meta, Schema};
 use crate::view::TensorView;
 
-pub use result::{dtype_from_dl, dtype_to_dl};
-
 const RUNTIME_VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "\0");
 
 /// The open library shared by its operators. `None` once unloaded: a call through an operator
@@ -395,7 +393,7 @@ fn meta_to_c(op: &str, input: &str, dtype: DType, shape: &[usize]) -> Result<sys
             got: format!("shape {shape:?}"),
         });
     }
-    let mut meta = sys::OpbMeta { dtype: dtype_to_dl(dtype), ndim: shape.len() as i32, shape: [0; sys::OPB_MAX_NDIM] };
+    let mut meta = sys::OpbMeta { dtype: dtype.to_dl(), ndim: shape.len() as i32, shape: [0; sys::OPB_MAX_NDIM] };
     for (d, &s) in meta.shape.iter_mut().zip(shape) {
         *d = s as i64;
     }
@@ -449,7 +447,7 @@ impl PluginOp {
         let metas = self.metas(inputs)?;
         // Prefilled with the inputs' own dtypes (zeroed for absent ones), as plugin.h promises.
         let mut dtypes: Inline<sys::DLDataType, 4> =
-            inputs.iter().map(|m| m.as_ref().map_or_else(Default::default, |m| dtype_to_dl(m.dtype))).collect();
+            inputs.iter().map(|m| m.as_ref().map_or_else(Default::default, |m| m.dtype.to_dl())).collect();
         let mut err = [0u8; result::ERR_LEN];
         let status = {
             let _open = self.handle.live(&self.spec.schema)?;
@@ -476,7 +474,7 @@ impl PluginOp {
             .zip(&schema.inputs)
             .map(|((input, &t), spec)| match input {
                 None => Ok(None),
-                Some(_) => dtype_from_dl(t).map(Some).ok_or_else(|| OpError::Kernel {
+                Some(_) => DType::from_dl(t).map(Some).ok_or_else(|| OpError::Kernel {
                     op: self.name().into(),
                     message: format!(
                         "input_dtypes chose an unknown dtype for input {:?} (code {}, bits {}, lanes {}); expected one \
@@ -523,7 +521,7 @@ impl PluginOp {
         };
         let mut metas = Vec::with_capacity(n_out);
         for (i, m) in outputs.iter().enumerate() {
-            let dtype = dtype_from_dl(m.dtype).ok_or_else(|| {
+            let dtype = DType::from_dl(m.dtype).ok_or_else(|| {
                 bad(i, format!("dtype code {} bits {} lanes {}", m.dtype.code, m.dtype.bits, m.dtype.lanes))
             })?;
             let ndim = usize::try_from(m.ndim)
@@ -571,7 +569,7 @@ impl PluginOp {
                 data: v.data as *mut c_void,
                 device: sys::DLDevice { device_type: sys::kDLCPU, device_id: 0 },
                 ndim: n as i32,
-                dtype: dtype_to_dl(v.dtype),
+                dtype: v.dtype.to_dl(),
                 shape,
                 strides,
                 byte_offset: 0,

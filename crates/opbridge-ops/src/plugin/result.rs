@@ -72,32 +72,6 @@ pub fn status_error(op: &str, status: c_int, full: String) -> OpError {
     }
 }
 
-/// The runtime dtype of a DLPack type, if opbridge has it.
-pub fn dtype_from_dl(t: sys::DLDataType) -> Option<DType> {
-    if t.lanes != 1 {
-        return None;
-    }
-    Some(match (t.code, t.bits) {
-        (sys::kDLFloat, 16) => DType::F16,
-        (sys::kDLFloat, 32) => DType::F32,
-        (sys::kDLFloat, 64) => DType::F64,
-        (sys::kDLInt, 32) => DType::I32,
-        (sys::kDLInt, 64) => DType::I64,
-        _ => return None,
-    })
-}
-
-pub fn dtype_to_dl(dtype: DType) -> sys::DLDataType {
-    let (code, bits) = match dtype {
-        DType::F16 => (sys::kDLFloat, 16),
-        DType::F32 => (sys::kDLFloat, 32),
-        DType::F64 => (sys::kDLFloat, 64),
-        DType::I32 => (sys::kDLInt, 32),
-        DType::I64 => (sys::kDLInt, 64),
-    };
-    sys::DLDataType { code, bits, lanes: 1 }
-}
-
 /// One validated operator descriptor, copied out of the library (only the callbacks still point
 /// into it).
 #[derive(Debug)]
@@ -301,7 +275,7 @@ pub unsafe fn validate(desc: &sys::OpbOpDesc) -> Result<OpSpec, String> {
     let mut dtypes = Vec::new();
     // SAFETY: the caller vouches for the pointers; counts were checked above.
     for (i, &t) in unsafe { array(desc.dtypes, n_dtypes, "dtypes") }.map_err(fail)?.iter().enumerate() {
-        let dtype = dtype_from_dl(t).ok_or_else(|| {
+        let dtype = DType::from_dl(t).ok_or_else(|| {
             fail(format!(
                 "dtypes[{i}] (code {}, bits {}, lanes {}) is not one of float16, float32, float64, int32, int64",
                 t.code, t.bits, t.lanes
@@ -456,9 +430,9 @@ mod tests {
     #[test]
     fn dtypes_round_trip() {
         for dtype in DType::ALL {
-            assert_eq!(dtype_from_dl(dtype_to_dl(dtype)), Some(dtype));
+            assert_eq!(DType::from_dl(dtype.to_dl()), Some(dtype));
         }
-        assert_eq!(dtype_from_dl(sys::DLDataType { code: sys::kDLUInt, bits: 8, lanes: 1 }), None);
-        assert_eq!(dtype_from_dl(sys::DLDataType { code: sys::kDLFloat, bits: 32, lanes: 4 }), None);
+        assert_eq!(DType::from_dl(sys::DLDataType { code: sys::kDLUInt, bits: 8, lanes: 1 }), None);
+        assert_eq!(DType::from_dl(sys::DLDataType { code: sys::kDLFloat, bits: 32, lanes: 4 }), None);
     }
 }
