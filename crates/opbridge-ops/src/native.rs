@@ -49,11 +49,7 @@ impl<O: sdk::Op> std::fmt::Debug for Native<O> {
 /// Describes and validates `O` (see the module documentation).
 pub fn op<O: sdk::Op>() -> Result<Native<O>> {
     let invalid = |message: String| OpError::InvalidOperator { name: O::NAME.to_string(), message };
-    let described = catch_unwind(sdk::describe::<O>).map_err(|panic| {
-        let text =
-            panic.downcast_ref::<String>().cloned().or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()));
-        invalid(text.unwrap_or_else(|| "describing the operator panicked".into()))
-    })?;
+    let described = catch_unwind(sdk::describe::<O>).map_err(|panic| invalid(panic_text(&*panic)))?;
     // SAFETY: every pointer of the descriptor points into `described` (or statics), alive and
     // unchanged for the call; `validate` copies what it keeps.
     let spec = unsafe { result::validate(described.desc()) }.map_err(invalid)?;
