@@ -363,6 +363,74 @@ fn tanh_f32x16(x: std::arch::x86_64::__m512, lut: &[[std::arch::x86_64::__m512; 
     _mm512_castsi512_ps(_mm512_ternarylogic_epi32::<0xf8>(_mm512_castps_si512(r), xi, _mm512_set1_epi32(i32::MIN)))
 }
 
+/// Where [`exp_f32_avx512`] clamps `x`: `e^x` rounds to 0 below `EXP_F32_LOW` (`e^-104` is under
+/// half the smallest subnormal, 2^-150) and overflows above `EXP_F32_HIGH`.
+#[cfg(target_arch = "x86_64")]
+const EXP_F32_LOW: f32 = -104.0;
+#[cfg(target_arch = "x86_64")]
+const EXP_F32_HIGH: f32 = 89.0;
+
+/// `e^r = 1 + c1 r + ... + c6 r^6` on `|r| <= ln 2 / 2` for [`exp_f32_avx512`], `c1` first:
+/// a relative-error minimax fit (Lawson's iteration), each coefficient rounded to float32 in
+/// turn with the rest refitted; within 0.06 ulp before rounding.
+#[cfg(target_arch = "x86_64")]
+const EXP_F32_POLY: [f32; 6] = [1.0, 0.499_999_94, 0.166_665_21, 0.041_668_266, 0.008_368_675, 0.001_382_066_2];
+
+/// `out[i] = e^x[i]` for `i < len` in float32 with AVX-512, about three times as fast as
+/// [`exp_f32_with`] and within 1 ulp: the Cody-Waite reduction `x = n ln 2 + r` (`n` rounded
+/// with `vrndscaleps`, `ln 2` in two parts with FMA), a degree-6 polynomial for `e^r` (see
+/// `EXP_F32_POLY`) and `vscalefps` for the `2^n`, which rounds subnormal results once and
+/// overflows to inf; 12 instructions per 16 elements. NaN stays NaN, `e^-inf = 0`,
+/// `e^inf = inf`. The tail is one masked vector.
+///
+/// # Safety
+/// `x` is readable and `out` writable for `len` elements, touched by nothing else during the
+/// call; `out` is `x` or disjoint from it.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")]
+unsafe fn exp_f32_avx512(x: *const f32, out: *mut f32, len: usize) {
+    use std::arch::x86_64::*;
+    let mut i = 0;
+    while i + 16 <= len {
+        // SAFETY: elements `i..i + 16` are inside the run (caller's contract); each vector is
+        // loaded before it is stored, so `out == x` is fine.
+        unsafe { _mm512_storeu_ps(out.add(i), exp_f32x16(_mm512_loadu_ps(x.add(i)))) };
+        i += 16;
+    }
+    if i < len {
+        let m = ((1u32 << (len - i)) - 1) as __mmask16;
+        // SAFETY: the mask touches only elements `i..len`, inside the run.
+        unsafe { _mm512_mask_storeu_ps(out.add(i), m, exp_f32x16(_mm512_maskz_loadu_ps(m, x.add(i)))) };
+    }
+}
+
+/// 16 lanes of [`exp_f32_avx512`].
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")]
+fn exp_f32x16(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    // ln 2 rounded to float32, and the rest: `n * LN2_HI` is exact in the FMA and
+    // `x - n * LN2_HI` a float32 (|n| <= 150).
+    const LN2_HI: f32 = std::f32::consts::LN_2;
+    const LN2_LO: f32 = -1.904_654_2e-9;
+    // `vminps`/`vmaxps` return their second operand when either is NaN: NaN goes through and
+    // stays NaN; ±inf clamp to results of exactly inf and 0.
+    let x = _mm512_max_ps(_mm512_set1_ps(EXP_F32_LOW), _mm512_min_ps(_mm512_set1_ps(EXP_F32_HIGH), x));
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(
+        x,
+        _mm512_set1_ps(std::f32::consts::LOG2_E),
+    ));
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x);
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
+    let mut p = _mm512_set1_ps(EXP_F32_POLY[5]);
+    for k in (0..5).rev() {
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_F32_POLY[k]));
+    }
+    let p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0));
+    _mm512_scalef_ps(p, n)
+}
+
 /// `e^x` in float64, branch-free so loops vectorize: SLEEF's degree-11 polynomial after the
 /// Cody-Waite reduction, about 1 ulp; subnormal results, overflow, `-inf` and NaN as
 /// [`exp_f32`].
@@ -1091,10 +1159,18 @@ unsafe fn float_contiguous<T: FloatElement>(op: UnaryOp, x: *const T, out: *mut 
     {
         #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")]
         fn avx512<T: FloatElement>(op: UnaryOp, x: *const T, out: *mut T, len: usize) {
-            if op == UnaryOp::Tanh && T::DTYPE == DType::F32 {
-                // SAFETY: `T` is f32 (its dtype says so); the run is as `float_contiguous`'s
-                // caller promises, and this function runs only on CPUs with its features.
-                return unsafe { tanh_f32_avx512(x.cast(), out.cast(), len) };
+            if T::DTYPE == DType::F32 {
+                let kernel: Option<unsafe fn(*const f32, *mut f32, usize)> = match op {
+                    UnaryOp::Tanh => Some(tanh_f32_avx512),
+                    UnaryOp::Exp => Some(exp_f32_avx512),
+                    _ => None,
+                };
+                if let Some(kernel) = kernel {
+                    // SAFETY: `T` is f32 (its dtype says so); the run is as `float_contiguous`'s
+                    // caller promises, and this function runs only on CPUs with the kernels'
+                    // features.
+                    return unsafe { kernel(x.cast(), out.cast(), len) };
+                }
             }
             body::<T, Fused>(op, x, out, len)
         }
@@ -1246,6 +1322,63 @@ mod tests {
         let mut inplace = xs.clone();
         // SAFETY: as above, with `out == x`.
         unsafe { super::tanh_f32_avx512(inplace.as_ptr(), inplace.as_mut_ptr(), inplace.len()) };
+        assert_eq!(inplace, whole);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx512_exp_f32_stays_within_an_ulp() {
+        use std::arch::is_x86_feature_detected as has;
+        if !(has!("avx512f") && has!("avx512vl") && has!("avx512bw") && has!("avx512dq") && has!("fma")) {
+            return;
+        }
+        let exp = |xs: &[f32]| {
+            let mut out = vec![f32::NAN; xs.len()];
+            // SAFETY: the CPU has the features (checked above); `xs` and `out` are disjoint, of
+            // the length passed.
+            unsafe { super::exp_f32_avx512(xs.as_ptr(), out.as_mut_ptr(), xs.len()) };
+            out
+        };
+        // In units of the float32 spacing at `want` (of the smallest subnormal below the normal
+        // range), so subnormal results are held to the same bound.
+        let ulps = |got: f32, want: f64| {
+            let want32 = want as f32;
+            if want32 == got {
+                return 0.0;
+            }
+            let a = want32.abs();
+            let spacing = if a < f32::MIN_POSITIVE { f32::from_bits(1) } else { f32::from_bits(a.to_bits() + 1) - a };
+            (got as f64 - want).abs() / spacing as f64
+        };
+        let check = |xs: &[f32]| {
+            for (&x, e) in xs.iter().zip(exp(xs)) {
+                let want = (x as f64).exp();
+                assert!(ulps(e, want) <= 1.0, "exp({x}) = {e:e}, want {want:e}");
+            }
+        };
+        // Every 97th float32 of both signs out to past the clamps (overflow at 88.72, 0 below
+        // -103.97, subnormal results from -87.34), then a uniform sweep.
+        let pos: Vec<f32> = (0..=110.0f32.to_bits()).step_by(97).map(f32::from_bits).collect();
+        check(&pos);
+        check(&pos.iter().map(|x| -x).collect::<Vec<_>>());
+        check(&(0..150_000).map(|i| -110.0 + i as f32 * 0.001_37).collect::<Vec<_>>());
+        // Both sides of the overflow threshold, the clamps, the start of the subnormal range,
+        // and where results round to 0.
+        let edges = [88.722_84f32, super::EXP_F32_HIGH, super::EXP_F32_LOW, -87.336_55, -103.278_93, -103.972_08];
+        let near: Vec<f32> = edges.iter().flat_map(|&v| [v.next_down(), v, v.next_up()]).collect();
+        check(&near);
+        let special = exp(&[f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 1e30, -1e30, 0.0, -0.0, 1e-45, -1e-30]);
+        assert!(special[0].is_nan());
+        assert_eq!(special[1..], [f32::INFINITY, 0.0, f32::INFINITY, 0.0, 1.0, 1.0, 1.0, 1.0]);
+        // Every tail length (masked), and in place.
+        let xs: Vec<f32> = (0..40).map(|i| i as f32 * 4.7 - 95.0).collect();
+        let whole = exp(&xs);
+        for n in 0..=xs.len() {
+            assert_eq!(exp(&xs[..n]), whole[..n]);
+        }
+        let mut inplace = xs.clone();
+        // SAFETY: as above, with `out == x`.
+        unsafe { super::exp_f32_avx512(inplace.as_ptr(), inplace.as_mut_ptr(), inplace.len()) };
         assert_eq!(inplace, whole);
     }
 
