@@ -296,10 +296,15 @@ impl Op for Cast {
         _: &Attrs<'_>,
         _: &mut [u8],
     ) -> OpResult<()> {
-        let (x, out) = (view(&inputs[0]), view_mut(&mut outputs[0]));
-        // SAFETY: views valid per the registry's contract; the output is disjoint.
-        Ok(unsafe { cast_view(&x, &out) }.map_err(kernel(Self::NAME))?)
+        copy_into(Self::NAME, &inputs[0], &mut outputs[0])
     }
+}
+
+/// `out = x` converted to `out`'s dtype and layout (`cast` and `contiguous`).
+fn copy_into(op: &'static str, x: &Tensor<'_>, out: &mut TensorMut<'_>) -> OpResult<()> {
+    let (x, out) = (view(x), view_mut(out));
+    // SAFETY: views valid per the registry's contract; the output is disjoint.
+    Ok(unsafe { cast_view(&x, &out) }.map_err(kernel(op))?)
 }
 
 struct Contiguous;
@@ -321,9 +326,7 @@ impl Op for Contiguous {
         _: &Attrs<'_>,
         _: &mut [u8],
     ) -> OpResult<()> {
-        let (x, out) = (view(&inputs[0]), view_mut(&mut outputs[0]));
-        // SAFETY: as for `Cast`.
-        Ok(unsafe { cast_view(&x, &out) }.map_err(kernel(Self::NAME))?)
+        copy_into(Self::NAME, &inputs[0], &mut outputs[0])
     }
 }
 

@@ -310,13 +310,14 @@ impl PluginOp {
     /// The call's attribute values in the C layout, in descriptor order, after checking them
     /// against the declared kinds (the library never sees a value of another kind).
     fn c_attrs<'a>(&self, attrs: &'a Attrs) -> Result<CAttrs<'a>> {
-        self.spec.check_attrs(attrs)?;
         let mut values = Inline::new();
         let mut strings = Inline::new();
-        for (spec, &kind) in self.spec.schema.attrs.iter().zip(&self.spec.attr_kinds) {
+        for (i, (spec, &kind)) in self.spec.schema.attrs.iter().zip(&self.spec.attr_kinds).enumerate() {
             let mut value = sys::OpbAttrValue { kind, ..Default::default() };
-            // `check_attrs` vouched that the value fits `kind`.
-            match attrs.get(&spec.name).unwrap_or(&AttrValue::None) {
+            let given = attrs.get(&spec.name).unwrap_or(&AttrValue::None);
+            // Checked as it is converted: what the library reads must fit `kind`.
+            self.spec.check_attr(i, given)?;
+            match given {
                 AttrValue::None => value.is_none = 1,
                 AttrValue::Bool(b) => value.i = i64::from(*b),
                 AttrValue::Int(i) if kind == sys::OPB_ATTR_FLOAT => value.f = *i as f64,

@@ -95,29 +95,32 @@ impl OpSpec {
     /// Checks a call's attribute values against the declared kinds: what the C side may rely
     /// on before it reads `OpbAttrValue` (and what an in-process operator may rely on too).
     pub fn check_attrs(&self, attrs: &crate::schema::Attrs) -> Result<(), OpError> {
-        let schema = &self.schema;
-        for ((spec, &kind), &nullable) in schema.attrs.iter().zip(&self.attr_kinds).zip(&self.attr_nullable) {
-            let value = attrs.get(&spec.name).unwrap_or(&AttrValue::None);
-            let fits = match value {
-                AttrValue::None => nullable,
-                AttrValue::Int(_) => matches!(kind, sys::OPB_ATTR_INT | sys::OPB_ATTR_FLOAT),
-                AttrValue::Bool(_) => matches!(kind, sys::OPB_ATTR_BOOL | sys::OPB_ATTR_INT),
-                AttrValue::Float(_) => kind == sys::OPB_ATTR_FLOAT,
-                AttrValue::Str(_) => kind == sys::OPB_ATTR_STR,
-                AttrValue::Ints(_) => kind == sys::OPB_ATTR_INTS,
-            };
-            if !fits {
-                let mut expected = kind_name(kind).to_string();
-                if nullable {
-                    expected.push_str(" or None");
-                }
-                return Err(OpError::InvalidAttribute {
-                    op: schema.name.clone(),
-                    message: format!("expected {} to be {expected}, got {value}", spec.name),
-                });
-            }
+        for (i, spec) in self.schema.attrs.iter().enumerate() {
+            self.check_attr(i, attrs.get(&spec.name).unwrap_or(&AttrValue::None))?;
         }
         Ok(())
+    }
+
+    /// [`OpSpec::check_attrs`] for attribute `i`'s value (for callers that visit each value
+    /// anyway, like the plugin call's conversion to C).
+    pub fn check_attr(&self, i: usize, value: &AttrValue) -> Result<(), OpError> {
+        let (kind, nullable) = (self.attr_kinds[i], self.attr_nullable[i]);
+        let fits = match value {
+            AttrValue::None => nullable,
+            AttrValue::Int(_) => matches!(kind, sys::OPB_ATTR_INT | sys::OPB_ATTR_FLOAT),
+            AttrValue::Bool(_) => matches!(kind, sys::OPB_ATTR_BOOL | sys::OPB_ATTR_INT),
+            AttrValue::Float(_) => kind == sys::OPB_ATTR_FLOAT,
+            AttrValue::Str(_) => kind == sys::OPB_ATTR_STR,
+            AttrValue::Ints(_) => kind == sys::OPB_ATTR_INTS,
+        };
+        if fits {
+            return Ok(());
+        }
+        let or_none = if nullable { " or None" } else { "" };
+        Err(OpError::InvalidAttribute {
+            op: self.schema.name.clone(),
+            message: format!("expected {} to be {}{or_none}, got {value}", self.schema.attrs[i].name, kind_name(kind)),
+        })
     }
 }
 
