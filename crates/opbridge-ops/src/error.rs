@@ -1,21 +1,28 @@
-//! The operator layer's error type: argument problems found before launch, or runtime errors.
+//! The operator layer's error type: argument problems found before launch, kernel refusals and
+//! runtime errors, each with the [`ErrorKind`] that front ends map once.
+
+use std::sync::Arc;
 
 use opbridge_runtime::DType;
+pub use opbridge_runtime::ErrorKind;
+
+/// An operator's name inside an error: shared, so a plugin's names need no `'static` copy.
+pub type OpName = Arc<str>;
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum OpError {
     /// Shapes that the operator cannot combine.
     #[error("{op}: expected {expected}, got {got}")]
-    Shape { op: &'static str, expected: String, got: String },
+    Shape { op: OpName, expected: String, got: String },
     /// A dtype the operator does not support, or a mismatch with `out=`.
     #[error("{op}: expected {expected}, got {got}")]
-    DType { op: &'static str, expected: String, got: String },
+    DType { op: OpName, expected: String, got: String },
     /// Tensors on different devices, or a device the operator has no kernel for.
     #[error("{op}: {message}")]
-    Device { op: &'static str, message: String },
+    Device { op: OpName, message: String },
     /// An `out=` that is invalid for the call (read-only, partially overlapping an input...).
     #[error("{op}: {message}")]
-    Argument { op: &'static str, message: String },
+    Argument { op: OpName, message: String },
     /// No operator of this name; lists the registered names.
     #[error("unknown operator {name:?}; available: {available}")]
     UnknownOperator { name: String, available: String },
@@ -35,7 +42,7 @@ pub enum OpError {
     InvalidAttribute { op: String, message: String },
     /// A kernel refused its input (an index out of range, a negative integer power...).
     #[error("{op}: {message}")]
-    Kernel { op: String, message: String },
+    Kernel { op: OpName, message: String },
     #[error(transparent)]
     Runtime(#[from] opbridge_runtime::Error),
     /// An operator library that cannot be loaded (not a plugin, wrong ABI, malformed descriptor)
@@ -48,9 +55,45 @@ pub enum OpError {
 }
 
 impl OpError {
-    pub fn unsupported_dtype(op: &'static str, supported: &[DType], got: impl ToString) -> OpError {
+    pub fn unsupported_dtype(op: &str, supported: &[DType], got: impl ToString) -> OpError {
         let names: Vec<&str> = supported.iter().map(|d| d.name()).collect();
-        OpError::DType { op, expected: format!("one of {}", names.join(", ")), got: got.to_string() }
+        OpError::DType { op: op.into(), expected: format!("one of {}", names.join(", ")), got: got.to_string() }
+    }
+
+    /// The classification front ends map: Python to its exception classes, the server to HTTP
+    /// and gRPC codes, the plugin SDK to its statuses.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            OpError::Shape { .. } => ErrorKind::Shape,
+            OpError::DType { .. } => ErrorKind::DType,
+            OpError::Device { .. } => ErrorKind::Device,
+            OpError::Argument { .. }
+            | OpError::Kernel { .. }
+            | OpError::UnknownAttribute { .. }
+            | OpError::MissingAttribute { .. }
+            | OpError::InvalidAttribute { .. }
+            | OpError::DuplicateOperator { .. }
+            | OpError::InvalidOperator { .. }
+            | OpError::Plugin { .. } => ErrorKind::Argument,
+            OpError::UnknownOperator { .. } | OpError::UnknownVersion { .. } => ErrorKind::NotFound,
+            OpError::Unloaded { .. } => ErrorKind::Unavailable,
+            OpError::Runtime(error) => error.kind(),
+        }
+    }
+
+    /// The same error as the failure of stream work: it keeps its kind and stays reachable as
+    /// the cause, so a front end reports it as the class it would have been before launch.
+    pub fn into_async(self) -> opbridge_runtime::AsyncError {
+        match self {
+            // Already an async failure (a nested launch): keep it as it is.
+            OpError::Runtime(opbridge_runtime::Error::Async { error, .. }) => error,
+            other => opbridge_runtime::AsyncError::from_error(other.kind(), other),
+        }
+    }
+
+    /// The operator error a stream failure stands for, when it was one.
+    pub fn from_async(error: &opbridge_runtime::AsyncError) -> Option<&OpError> {
+        error.cause().and_then(|cause| cause.downcast_ref::<OpError>())
     }
 }
 

@@ -20,7 +20,7 @@ use opbridge_plugin_sdk as sdk;
 use opbridge_runtime::DType;
 use smallvec::SmallVec;
 
-use crate::error::{OpError, Result};
+use crate::error::{ErrorKind, OpError, Result};
 use crate::memo::Memo;
 use crate::plugin::result::{self, OpSpec};
 use crate::plugin::Workspace;
@@ -180,7 +180,7 @@ impl<O: sdk::Op> Operator for Native<O> {
 /// an error, as the plugin trampolines do: a kernel bug never unwinds through the runtime.
 fn guarded<T>(op: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
     catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|panic| {
-        Err(OpError::Kernel { op: op.to_string(), message: format!("panicked: {}", panic_text(&*panic)) })
+        Err(OpError::Kernel { op: op.to_string().into(), message: format!("panicked: {}", panic_text(&*panic)) })
     })
 }
 
@@ -210,13 +210,11 @@ impl sdk::AttrLookup for Attrs {
 /// A host error inside an SDK error: its status and text for the ABI, itself as the cause.
 impl From<OpError> for sdk::Error {
     fn from(error: OpError) -> sdk::Error {
-        let status = match &error {
-            OpError::Shape { .. } => sdk::Status::Shape,
-            OpError::DType { .. } => sdk::Status::DType,
-            OpError::Argument { .. }
-            | OpError::InvalidAttribute { .. }
-            | OpError::UnknownAttribute { .. }
-            | OpError::MissingAttribute { .. } => sdk::Status::InvalidArgument,
+        let status = match error.kind() {
+            ErrorKind::Shape => sdk::Status::Shape,
+            ErrorKind::DType => sdk::Status::DType,
+            // A kernel's refusal travels as `Failed`, as a plugin kernel's does.
+            ErrorKind::Argument if !matches!(error, OpError::Kernel { .. }) => sdk::Status::InvalidArgument,
             _ => sdk::Status::Failed,
         };
         sdk::Error::with_cause(status, error.to_string(), error)

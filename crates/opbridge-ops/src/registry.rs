@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
 
 use opbridge_runtime::{DType, DeviceKind};
 
@@ -207,7 +207,8 @@ pub struct OpInfo {
     pub versions: Vec<(u32, Source, Vec<DType>, Vec<DeviceKind>)>,
 }
 
-/// Operators by name, then version.
+/// Operators by name, then version. Owned by whoever needs one (`Arc`): Python uses the
+/// process-wide default of the builtins layer, a server one per model repository.
 #[derive(Default)]
 pub struct Registry {
     ops: RwLock<BTreeMap<String, BTreeMap<u32, Arc<Entry>>>>,
@@ -222,14 +223,10 @@ impl fmt::Debug for Registry {
 }
 
 impl Registry {
-    /// The process-wide registry, with the built-in operators.
-    pub fn global() -> &'static Registry {
-        static GLOBAL: OnceLock<Registry> = OnceLock::new();
-        GLOBAL.get_or_init(|| {
-            let registry = Registry::default();
-            crate::builtins::register_all(&registry).expect("built-in operators are valid and distinct");
-            registry
-        })
+    /// An empty registry (the built-ins are added by `crate::builtins::register_builtins`;
+    /// the process-wide default with them is `crate::builtins::global`).
+    pub fn new() -> Arc<Registry> {
+        Arc::new(Registry::default())
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, BTreeMap<u32, Arc<Entry>>>> {

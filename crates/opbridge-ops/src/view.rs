@@ -68,3 +68,22 @@ impl TensorView {
         (start as usize, ((high - low + 1) * size) as usize)
     }
 }
+
+/// How two byte ranges `[start, start + len)` relate, for `out=` aliasing checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Overlap {
+    Disjoint,
+    /// Same start and length: an exact alias (in-place work is fine).
+    Same,
+    Partial,
+}
+
+pub fn overlap(a: (usize, usize), b: (usize, usize)) -> Overlap {
+    if a.1 == 0 || b.1 == 0 || a.0 + a.1 <= b.0 || b.0 + b.1 <= a.0 {
+        Overlap::Disjoint
+    } else if a == b {
+        Overlap::Same
+    } else {
+        Overlap::Partial
+    }
+}

@@ -50,7 +50,7 @@ impl Op for Affine {
         }
         if attrs.opt_int("limit")? == Some(-1) {
             // A host error travels as the cause and comes back as itself.
-            return Err(OpError::Shape { op: "affine", expected: "a limit".into(), got: "-1".into() }.into());
+            return Err(OpError::Shape { op: "affine".into(), expected: "a limit".into(), got: "-1".into() }.into());
         }
         if let Some(bias) = inputs.opt(1) {
             if bias.shape != inputs[0].shape {

@@ -12,6 +12,11 @@ use opbridge_ops::plugin::{sys, Library};
 use opbridge_ops::{AttrValue, Meta, OpError, Registry, Source, TensorView};
 use opbridge_runtime::DType;
 
+/// Loads a library into the process-wide default registry (the one Python uses).
+fn load(path: impl AsRef<std::path::Path>) -> opbridge_ops::Result<Library> {
+    Library::load_into(std::sync::Arc::clone(opbridge_ops::global()), path)
+}
+
 fn include_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../python/opbridge/include")
 }
@@ -104,7 +109,7 @@ OPB_EXPORT int opbridge_plugin_init(const OpbPluginHost *host, OpbPluginInfo *in
 }
 
 fn load_err(path: &Path) -> String {
-    match Library::load(path) {
+    match load(path) {
         Ok(lib) => panic!("{} loaded: {:?}", path.display(), lib.ops()),
         Err(error) => {
             assert!(matches!(error, OpError::Plugin { .. }), "{error:?}");
@@ -114,12 +119,12 @@ fn load_err(path: &Path) -> String {
 }
 
 fn registered(name: &str) -> bool {
-    Registry::global().get(name, None).is_ok()
+    opbridge_ops::global().get(name, None).is_ok()
 }
 
 /// Calls `name` (latest or `version`) on a float32 vector through the registry, as the bindings do.
 fn call(name: &str, version: Option<u32>, a: &[f32], attrs: &[(&str, AttrValue)]) -> Result<Vec<f32>, OpError> {
-    let entry = Registry::global().get(name, version)?;
+    let entry = opbridge_ops::global().get(name, version)?;
     let _guard = entry.enter();
     call_entry(&entry, a, attrs)
 }
@@ -180,10 +185,10 @@ fn the_c_example_registers_both_versions_and_computes() {
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/plugins/c/scale_add.c"))
             .unwrap();
     let path = shared_library(&source, "scale_add_example");
-    let lib = Library::load(&path).unwrap();
+    let lib = load(&path).unwrap();
     assert_eq!(lib.ops(), vec![("scale_add".to_string(), 1), ("scale_add".to_string(), 2)]);
     assert_eq!(lib.name(), Some("scale_add_c"));
-    let v2 = Registry::global().get("scale_add", None).unwrap();
+    let v2 = opbridge_ops::global().get("scale_add", None).unwrap();
     assert_eq!(v2.schema().version, 2);
     assert_eq!(v2.source, Source::Library(path.clone()));
     assert_eq!(v2.schema().signature(), "scale_add(a, b, *, alpha=1.0, beta=1.0, out=None)");
@@ -209,7 +214,7 @@ fn the_c_example_registers_both_versions_and_computes() {
             [-1.0, 3.0, 7.0, 11.0],
         ),
     ] {
-        let entry = Registry::global().get("scale_add", Some(version)).unwrap();
+        let entry = opbridge_ops::global().get("scale_add", Some(version)).unwrap();
         let attrs = entry.schema().bind_attrs(attrs).unwrap();
         let metas =
             entry.op.infer(&[Some(Meta::new(DType::F64, &[4])), Some(Meta::new(DType::F64, &[4]))], &attrs).unwrap();
@@ -239,14 +244,14 @@ fn the_c_example_registers_both_versions_and_computes() {
 
 #[test]
 fn calls_attributes_and_kernel_errors() {
-    let lib = Library::load(shared_library(&fixture("plug_add", 1, 10, "", None), "plug_add")).unwrap();
+    let lib = load(shared_library(&fixture("plug_add", 1, 10, "", None), "plug_add")).unwrap();
     assert_eq!(call("plug_add", None, &[1.0, 2.0], &[]).unwrap(), vec![11.0, 12.0]);
     assert_eq!(call("plug_add", Some(1), &[1.0, 2.0], &[("k", AttrValue::Int(1))]).unwrap(), vec![2.0, 3.0]);
     let negative = call("plug_add", None, &[1.0], &[("k", AttrValue::Int(-1))]).unwrap_err();
     assert!(matches!(&negative, OpError::Argument { message, .. } if message.contains("k must not be negative")));
     let failed = call("plug_add", None, &[1.0], &[("k", AttrValue::Int(99))]).unwrap_err();
     assert!(
-        matches!(&failed, OpError::Kernel { op, message } if op == "plug_add" && message.contains("kernel failure"))
+        matches!(&failed, OpError::Kernel { op, message } if &**op == "plug_add" && message.contains("kernel failure"))
     );
     let wrong_kind = call("plug_add", None, &[1.0], &[("k", AttrValue::Float(0.5))]).unwrap_err();
     assert!(matches!(wrong_kind, OpError::InvalidAttribute { .. }), "{wrong_kind:?}");
@@ -291,7 +296,7 @@ OPB_EXPORT int opbridge_plugin_init(const OpbPluginHost *host, OpbPluginInfo *in
   info->n_ops = 1; info->ops = ops; return OPB_OK;
 }
 "#;
-    let lib = Library::load(shared_library(source, "plug_ws")).unwrap();
+    let lib = load(shared_library(source, "plug_ws")).unwrap();
     assert_eq!(call("plug_ws", None, &[0.0; 3], &[]).unwrap(), vec![8.5; 3]);
     assert_eq!(call("plug_ws", None, &[0.0; 17], &[]).unwrap(), vec![64.5; 17]);
     // A size of 0: no workspace, a NULL pointer.
@@ -432,7 +437,7 @@ fn duplicates_are_errors_and_nothing_stays_registered() {
     let message = load_err(&shared_library(&fixture("dup_ok", 1, 0, "", Some(init)), "dup_builtin"));
     assert!(message.contains("\"vector_add\" version 1 is already registered (from built-in)"), "{message}");
     assert!(!registered("dup_ok"), "the first op of a failed load stayed registered");
-    assert_eq!(Registry::global().get("vector_add", Some(1)).unwrap().source, Source::Builtin);
+    assert_eq!(opbridge_ops::global().get("vector_add", Some(1)).unwrap().source, Source::Builtin);
 
     // The same name + version twice in one library.
     let init = "static OpbOpDesc two[2]; two[0] = ops[0]; two[1] = ops[0];
@@ -441,8 +446,8 @@ fn duplicates_are_errors_and_nothing_stays_registered() {
     assert!(message.contains("declares operator \"dup_self\" version 1 twice"), "{message}");
 
     // Versions coexist across libraries; the same version from another library does not.
-    let v1 = Library::load(shared_library(&fixture("dup_lib", 1, 1, "", None), "dup_lib_v1")).unwrap();
-    let v2 = Library::load(shared_library(&fixture("dup_lib", 2, 2, "", None), "dup_lib_v2")).unwrap();
+    let v1 = load(shared_library(&fixture("dup_lib", 1, 1, "", None), "dup_lib_v1")).unwrap();
+    let v2 = load(shared_library(&fixture("dup_lib", 2, 2, "", None), "dup_lib_v2")).unwrap();
     let message = load_err(&shared_library(&fixture("dup_lib", 2, 3, "", None), "dup_lib_v2_again"));
     assert!(message.contains("\"dup_lib\" version 2 is already registered"), "{message}");
     assert_eq!(call("dup_lib", None, &[0.0], &[]).unwrap(), vec![2.0]);
@@ -454,13 +459,13 @@ fn duplicates_are_errors_and_nothing_stays_registered() {
 
 #[test]
 fn unload_waits_for_calls_in_flight_and_stale_handles_fail_cleanly() {
-    let lib = Library::load(shared_library(&fixture("plug_slow", 1, 1, "", None), "plug_slow")).unwrap();
-    let entry = Registry::global().get("plug_slow", None).unwrap();
+    let lib = load(shared_library(&fixture("plug_slow", 1, 1, "", None), "plug_slow")).unwrap();
+    let entry = opbridge_ops::global().get("plug_slow", None).unwrap();
     let started = Arc::new(Barrier::new(2));
     let caller = {
         let started = Arc::clone(&started);
         std::thread::spawn(move || {
-            let entry = Registry::global().get("plug_slow", None).unwrap();
+            let entry = opbridge_ops::global().get("plug_slow", None).unwrap();
             let guard = entry.enter();
             started.wait();
             let result = call_entry(guard.entry(), &[1.0], &[("slow", AttrValue::Bool(true))]);
@@ -483,7 +488,7 @@ fn unload_waits_for_calls_in_flight_and_stale_handles_fail_cleanly() {
 
 #[test]
 fn unload_under_concurrent_calls() {
-    let lib = Library::load(shared_library(&fixture("plug_busy", 1, 1, "", None), "plug_busy")).unwrap();
+    let lib = load(shared_library(&fixture("plug_busy", 1, 1, "", None), "plug_busy")).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let (ok, gone) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let threads: Vec<_> = (0..4)
@@ -527,7 +532,7 @@ fn reloading_a_rebuilt_file_at_the_same_path_runs_the_new_code() {
     let path = dir.join("libplug_reload.so");
     for bias in [1, 2, 3] {
         compile(&fixture("plug_reload", 1, bias, "", None), &path, &["-shared"]);
-        let lib = Library::load(&path).unwrap();
+        let lib = load(&path).unwrap();
         assert_eq!(call("plug_reload", None, &[0.0], &[]).unwrap(), vec![bias as f32]);
         lib.unload().unwrap();
     }
@@ -583,8 +588,8 @@ OPB_EXPORT int opbridge_plugin_init(const OpbPluginHost *host, OpbPluginInfo *in
   info->n_ops = 1; info->ops = ops; return OPB_OK;
 }
 "#;
-    let lib = Library::load(shared_library(source, "plug_memo")).unwrap();
-    let entry = Registry::global().get("plug_memo", None).unwrap();
+    let lib = load(shared_library(source, "plug_memo")).unwrap();
+    let entry = opbridge_ops::global().get("plug_memo", None).unwrap();
     let infer_with = |dtype: DType, n: usize, attrs: &[(&str, AttrValue)]| {
         let attrs = entry.schema().bind_attrs(attrs.iter().map(|(n, v)| (*n, v.clone()))).unwrap();
         let out = entry.op.infer(&[Some(Meta::new(dtype, &[n]))], &attrs).unwrap();
@@ -635,7 +640,7 @@ fn view_f64(data: &[f64]) -> TensorView {
 
 /// `[callback calls so far, whether the last kernel call wrote over its input]`.
 fn combine_stats() -> [f64; 2] {
-    let entry = Registry::global().get("combine_stats", None).unwrap();
+    let entry = opbridge_ops::global().get("combine_stats", None).unwrap();
     let attrs = entry.schema().bind_attrs(Vec::<(&str, AttrValue)>::new()).unwrap();
     assert_eq!(entry.op.infer(&[], &attrs).unwrap(), vec![Meta::new(DType::F64, &[2])]);
     let mut out = [0f64; 2];
@@ -648,7 +653,7 @@ fn combine_stats() -> [f64; 2] {
 /// shape function, then the kernel on float64 data (int32 inputs are converted here, as the
 /// bindings would, after checking that the library asked for it).
 fn combine(a: &[f64], b: Option<&[f64]>, int32: bool, attrs: &[(&str, AttrValue)]) -> Result<Vec<f64>, OpError> {
-    let entry = Registry::global().get("combine", None)?;
+    let entry = opbridge_ops::global().get("combine", None)?;
     let attrs = entry.schema().bind_attrs(attrs.iter().map(|(n, v)| (*n, v.clone())))?;
     let given = if int32 { DType::I32 } else { DType::F64 };
     let metas = [Some(Meta::new(given, &[a.len()])), b.map(|b| Meta::new(given, &[b.len()]))];
@@ -664,13 +669,13 @@ fn combine(a: &[f64], b: Option<&[f64]>, int32: bool, attrs: &[(&str, AttrValue)
 #[test]
 fn every_abi2_feature_works_end_to_end() {
     let _serial = ABI2_LOCK.lock().unwrap_or_else(|p| p.into_inner());
-    let lib = Library::load(abi2_features()).unwrap();
+    let lib = load(abi2_features()).unwrap();
     assert_eq!(lib.name(), Some("abi2_features"));
-    let v2 = Registry::global().get("combine", None).unwrap();
+    let v2 = opbridge_ops::global().get("combine", None).unwrap();
     assert_eq!(v2.schema().version, 2);
     assert_eq!(v2.schema().signature(), "combine(a, b=None, *, mode=\"sum\", offsets=[1, 2], scale=None, out=None)");
     assert!(v2.op.in_place_ok(), "version 2 is flagged OPB_OP_IN_PLACE_OK");
-    assert!(!Registry::global().get("combine", Some(1)).unwrap().op.in_place_ok());
+    assert!(!opbridge_ops::global().get("combine", Some(1)).unwrap().op.in_place_ok());
 
     let a = [1.0, 5.0, -2.0];
     let b = [4.0, 2.0, -3.0];
@@ -722,7 +727,7 @@ fn every_abi2_feature_works_end_to_end() {
 #[test]
 fn attribute_values_of_the_wrong_kind_never_reach_the_library() {
     let _serial = ABI2_LOCK.lock().unwrap_or_else(|p| p.into_inner());
-    let lib = Library::load(abi2_features()).unwrap();
+    let lib = load(abi2_features()).unwrap();
     let a = [1.0, 2.0];
     let calls = combine_stats()[0];
     for (attrs, want) in [
@@ -738,7 +743,7 @@ fn attribute_values_of_the_wrong_kind_never_reach_the_library() {
             matches!(&error, OpError::InvalidAttribute { op, message } if op == "combine" && message.contains(want)),
             "{attrs:?}: {error:?}"
         );
-        let entry = Registry::global().get("combine", None).unwrap();
+        let entry = opbridge_ops::global().get("combine", None).unwrap();
         let bound = entry.schema().bind_attrs(attrs.iter().map(|(n, v)| (*n, v.clone()))).unwrap();
         let mut out = [0f64; 2];
         let out_view = TensorView::contiguous(out.as_mut_ptr() as usize, DType::F64, &[2]);
@@ -750,4 +755,25 @@ fn attribute_values_of_the_wrong_kind_never_reach_the_library() {
     assert!(matches!(&nul, OpError::InvalidAttribute { message, .. } if message.contains("NUL")), "{nul:?}");
     assert_eq!(combine_stats()[0], calls, "no callback of the library ran");
     lib.unload().unwrap();
+}
+
+#[test]
+fn a_registry_of_its_own_holds_only_what_was_loaded_into_it() {
+    // A host (a server, one registry per model repository) owns its registry: the library's
+    // operators go there and nowhere else, and the registry outlives nothing it does not hold.
+    let own = Registry::new();
+    assert!(own.list().is_empty(), "a new registry has no built-ins until they are registered");
+    let lib = Library::load_into(Arc::clone(&own), shared_library(&fixture("own_reg", 1, 3, "", None), "own_reg"))
+        .unwrap();
+    let entry = own.get("own_reg", None).unwrap();
+    assert_eq!(call_entry(&entry, &[1.0, 2.0], &[]).unwrap(), vec![4.0, 5.0]);
+    assert!(opbridge_ops::global().get("own_reg", None).is_err(), "not in the default registry");
+    assert_eq!(Arc::strong_count(&own), 2, "the library holds the registry until it unloads");
+    lib.unload().unwrap();
+    assert!(own.get("own_reg", None).is_err());
+    assert_eq!(Arc::strong_count(&own), 1);
+    // Built-ins are an explicit call.
+    opbridge_ops::register_builtins(&own).unwrap();
+    assert!(own.get("vector_add", Some(1)).is_ok());
+    assert!(matches!(opbridge_ops::register_builtins(&own), Err(OpError::DuplicateOperator { .. })));
 }

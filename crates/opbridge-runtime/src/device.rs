@@ -5,7 +5,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::error::Result;
+use crate::error::{AsyncError, Result};
 
 /// The family of a device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -78,8 +78,9 @@ impl DevicePtr {
 }
 
 /// Host work a stream runs in order: a CPU kernel, a host callback, a marker. An `Err` is the
-/// stream's asynchronous error, reported by the next synchronizing call.
-pub type HostFn = Box<dyn FnOnce() -> std::result::Result<(), String> + Send + 'static>;
+/// stream's asynchronous error (typed: it keeps its kind and cause), reported by the next
+/// synchronizing call.
+pub type HostFn = Box<dyn FnOnce() -> std::result::Result<(), AsyncError> + Send + 'static>;
 
 /// Direction of an asynchronous copy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,14 +103,15 @@ pub trait Device: Send + Sync + fmt::Debug + 'static {
     fn allocate_raw(&self, bytes: usize) -> Result<DevicePtr>;
 
     /// Returns memory to the system. The pool synchronizes the device before calling it, so no
-    /// enqueued work still uses the range.
-    fn free_raw(&self, ptr: DevicePtr, bytes: usize);
+    /// enqueued work still uses the range. A failure (a vendor error code) cannot be returned
+    /// to whoever dropped the memory: the pool records it and reports it at its next allocation.
+    fn free_raw(&self, ptr: DevicePtr, bytes: usize) -> Result<()>;
 
     /// Allocates page-locked host memory for staging copies (plain host memory on the CPU).
     fn allocate_pinned(&self, bytes: usize) -> Result<DevicePtr>;
 
-    /// Frees memory from `allocate_pinned`.
-    fn free_pinned(&self, ptr: DevicePtr, bytes: usize);
+    /// Frees memory from `allocate_pinned` (failures are recorded like `free_raw`'s).
+    fn free_pinned(&self, ptr: DevicePtr, bytes: usize) -> Result<()>;
 
     /// Creates a new stream: an ordered queue of work.
     fn create_stream(&self) -> Result<Arc<dyn StreamBackend>>;

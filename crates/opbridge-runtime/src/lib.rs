@@ -14,8 +14,8 @@ use std::sync::{Arc, OnceLock};
 
 pub use device::{CopyKind, Device, DeviceId, DeviceKind, DevicePtr, HostFn};
 pub use dtype::DType;
-pub use error::{Error, Result};
-pub use memory::{Buffer, ChildPool, MemoryPool, PoolStats, SubBuffer, ALIGNMENT};
+pub use error::{AsyncError, Error, ErrorKind, Result};
+pub use memory::{Allocate, Buffer, ChildPool, MemoryPool, PoolStats, SubBuffer, ALIGNMENT};
 pub use stream::{current_stream, set_current_stream, Event, Stream, StreamId};
 pub use tensor::{Storage, Tensor};
 
@@ -57,10 +57,7 @@ impl DeviceContext {
         if id == DeviceId::CPU {
             return Ok(CPU.get_or_init(|| Arc::new(DeviceContext::new(Arc::new(cpu::CpuDevice)))));
         }
-        Err(Error::Device {
-            device: id.to_string(),
-            message: "device not available: this build has only the cpu:0 device".into(),
-        })
+        Err(Error::Unavailable { device: id, reason: "this build has only the cpu:0 device".into() })
     }
 
     /// The embedded default device.

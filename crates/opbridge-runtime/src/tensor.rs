@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 
 use crate::device::{DeviceId, DevicePtr, HostFn};
 use crate::dtype::DType;
-use crate::error::{Error, Result};
-use crate::memory::Buffer;
+use crate::error::{AsyncError, Error, Result};
+use crate::memory::{Allocate, Buffer};
 use crate::stream::{Event, Stream, StreamId};
 use crate::DeviceContext;
 
@@ -56,7 +56,7 @@ struct Access {
     reads: Vec<(StreamId, Event)>,
     /// Set by the last writing kernel if it failed: host reads report it instead of returning
     /// whatever the failed kernel left in memory.
-    failure: Option<Arc<Mutex<Option<String>>>>,
+    failure: Option<Arc<Mutex<Option<AsyncError>>>>,
 }
 
 /// An n-dimensional array on a device. Not `Clone`: device memory is never duplicated
@@ -96,11 +96,17 @@ pub fn contiguous_strides(shape: &[usize]) -> Vec<isize> {
 impl Tensor {
     /// An uninitialized contiguous tensor from the device pool, for work on `stream`.
     pub fn empty(ctx: &DeviceContext, shape: &[usize], dtype: DType, stream: StreamId) -> Result<Tensor> {
+        Tensor::empty_in(ctx.pool(), shape, dtype, stream)
+    }
+
+    /// An uninitialized contiguous tensor from `alloc` (a device pool, or a child pool whose
+    /// quota the tensor then counts against), for work on `stream`.
+    pub fn empty_in(alloc: &dyn Allocate, shape: &[usize], dtype: DType, stream: StreamId) -> Result<Tensor> {
         let bytes = numel(shape)
             .and_then(|n| n.checked_mul(dtype.size()))
             .ok_or_else(|| Error::Layout(format!("shape {shape:?} of {dtype} overflows the address space")))?;
-        let buffer = ctx.pool().allocate(bytes, stream)?;
-        Ok(Tensor::from_storage(Arc::new(Storage::Pool(buffer)), ctx.id(), dtype, shape.to_vec(), None, 0)
+        let buffer = alloc.allocate(bytes, stream)?;
+        Ok(Tensor::from_storage(Arc::new(Storage::Pool(buffer)), alloc.device(), dtype, shape.to_vec(), None, 0)
             .expect("a fresh contiguous layout fits its buffer"))
     }
 
@@ -222,13 +228,13 @@ impl Tensor {
             .filter(|t| matches!(t.storage.as_ref(), Storage::External { .. }))
             .map(|t| Arc::clone(&t.storage))
             .collect();
-        let failure: Arc<Mutex<Option<String>>> = Arc::default();
+        let failure: Arc<Mutex<Option<AsyncError>>> = Arc::default();
         let failed = Arc::clone(&failure);
         stream.launch(Box::new(move || {
             let outcome = kernel();
             drop(borrowed);
-            if let Err(message) = &outcome {
-                *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(message.clone());
+            if let Err(error) = &outcome {
+                *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(error.clone());
             }
             outcome
         }))?;
@@ -273,7 +279,7 @@ impl Tensor {
             event.synchronize()?;
         }
         match failure.and_then(|f| f.lock().unwrap_or_else(|p| p.into_inner()).clone()) {
-            Some(message) => Err(Error::Async { stream: format!("the work writing this {}", self.device), message }),
+            Some(error) => Err(Error::Async { stream: format!("the work writing this {}", self.device), error }),
             None => Ok(()),
         }
     }

@@ -7,7 +7,7 @@
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use opbridge_runtime::{DeviceContext, Error, MemoryPool, PoolStats, Stream, StreamId, ALIGNMENT};
+use opbridge_runtime::{DeviceContext, DeviceId, Error, MemoryPool, PoolStats, Stream, StreamId, ALIGNMENT};
 
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
@@ -373,7 +373,7 @@ fn limit_exceeded_reports_out_of_memory_with_fields() {
     let error = pool.allocate(3 * MIB, StreamId::HOST).unwrap_err();
     match &error {
         Error::OutOfMemory { device, requested, limit, allocated, cached, quota } => {
-            assert_eq!(device, "cpu:0");
+            assert_eq!(*device, DeviceId::CPU);
             assert_eq!(*requested, 3 * MIB);
             assert_eq!(*limit, Some(4 * MIB));
             assert_eq!(*allocated, MIB);

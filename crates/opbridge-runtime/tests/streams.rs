@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use opbridge_runtime::pipeline::{staged_map, PipelineReport};
 use opbridge_runtime::{
-    current_stream, set_current_stream, DType, DeviceContext, DeviceId, DevicePtr, Error, Event, HostFn, Stream,
-    StreamId, Tensor,
+    current_stream, set_current_stream, AsyncError, DType, DeviceContext, DeviceId, DevicePtr, Error, ErrorKind, Event,
+    HostFn, Stream, StreamId, Tensor,
 };
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -217,13 +217,15 @@ fn device_synchronize_waits_for_work_on_dropped_streams() {
                 Ok(())
             }))
             .unwrap();
-        stream.launch(Box::new(|| Err("failed after its stream was dropped".into()))).unwrap();
+        stream
+            .launch(Box::new(|| Err(AsyncError::new(ErrorKind::Device, "failed after its stream was dropped"))))
+            .unwrap();
     } // the only handle goes; the queued work keeps running (as after cudaStreamDestroy)
     let outcome = ctx().synchronize();
     assert!(done.load(Ordering::SeqCst), "the dropped stream's work finished first");
     // Its asynchronous error is not lost either.
     match outcome {
-        Err(Error::Async { message, .. }) => assert_eq!(message, "failed after its stream was dropped"),
+        Err(Error::Async { error, .. }) => assert_eq!(error.message(), "failed after its stream was dropped"),
         other => panic!("expected the dropped stream's error, got {other:?}"),
     }
     ctx().synchronize().unwrap();
@@ -234,11 +236,12 @@ fn kernel_errors_surface_at_the_next_synchronize() {
     let _serial = serial();
     let stream = new_stream();
     let log = new_log();
-    stream.launch(Box::new(|| Err("boom".to_string()))).unwrap();
+    stream.launch(Box::new(|| Err(AsyncError::new(ErrorKind::Device, "boom")))).unwrap();
     stream.launch(push(&log, 1)).unwrap();
     match stream.synchronize() {
-        Err(Error::Async { stream: name, message }) => {
-            assert_eq!(message, "boom");
+        Err(Error::Async { stream: name, error }) => {
+            assert_eq!(error.message(), "boom");
+            assert_eq!(error.kind(), ErrorKind::Device);
             assert!(name.starts_with("opbridge-cpu-stream"), "{name}");
         }
         other => panic!("expected an async error, got {other:?}"),
@@ -250,7 +253,10 @@ fn kernel_errors_surface_at_the_next_synchronize() {
     stream.launch(Box::new(|| panic!("kernel bug (expected by this test)"))).unwrap();
     stream.launch(push(&log, 2)).unwrap();
     match stream.synchronize() {
-        Err(Error::Async { message, .. }) => assert_eq!(message, "kernel panicked"),
+        Err(Error::Async { error, .. }) => {
+            assert_eq!(error.message(), "kernel panicked");
+            assert_eq!(error.kind(), ErrorKind::Internal);
+        }
         other => panic!("expected an async error, got {other:?}"),
     }
     stream.launch(push(&log, 3)).unwrap();
@@ -258,9 +264,9 @@ fn kernel_errors_surface_at_the_next_synchronize() {
     assert_eq!(logged(&log), [1, 2, 3]);
 
     // Only the first error since the last synchronize is kept.
-    stream.launch(Box::new(|| Err("first".to_string()))).unwrap();
-    stream.launch(Box::new(|| Err("second".to_string()))).unwrap();
-    assert!(matches!(stream.synchronize(), Err(Error::Async { message, .. }) if message == "first"));
+    stream.launch(Box::new(|| Err(AsyncError::new(ErrorKind::Device, "first")))).unwrap();
+    stream.launch(Box::new(|| Err(AsyncError::new(ErrorKind::Device, "second")))).unwrap();
+    assert!(matches!(stream.synchronize(), Err(Error::Async { error, .. }) if error.message() == "first"));
     stream.synchronize().unwrap();
 }
 
@@ -269,9 +275,9 @@ fn device_synchronize_reports_a_stream_error_once() {
     let _serial = serial();
     let (ok, failing) = (new_stream(), new_stream());
     ok.launch(sleep_kernel(5)).unwrap();
-    failing.launch(Box::new(|| Err("late failure".to_string()))).unwrap();
+    failing.launch(Box::new(|| Err(AsyncError::new(ErrorKind::Device, "late failure")))).unwrap();
     match ctx().synchronize() {
-        Err(Error::Async { message, .. }) => assert_eq!(message, "late failure"),
+        Err(Error::Async { error, .. }) => assert_eq!(error.message(), "late failure"),
         other => panic!("expected an async error, got {other:?}"),
     }
     failing.synchronize().expect("already reported by the device synchronize");
@@ -673,10 +679,11 @@ fn staged_map_reports_a_failing_kernel() {
     let ctx = ctx();
     let input = to_bytes(&[1.0; 100]);
     let mut out = vec![0u8; 400];
-    let failing =
-        |_: &[DevicePtr], _: DevicePtr, _: usize| -> HostFn { Box::new(|| Err("chunk kernel failed".into())) };
+    let failing = |_: &[DevicePtr], _: DevicePtr, _: usize| -> HostFn {
+        Box::new(|| Err(AsyncError::new(ErrorKind::Device, "chunk kernel failed")))
+    };
     match staged_map(ctx, &[&input], &[4], &mut out, 4, 100, 32, &failing) {
-        Err(Error::Async { message, .. }) => assert_eq!(message, "chunk kernel failed"),
+        Err(Error::Async { error, .. }) => assert_eq!(error.message(), "chunk kernel failed"),
         other => panic!("expected the kernel's error, got {other:?}"),
     }
     ctx.synchronize().unwrap();

@@ -70,7 +70,7 @@ const fn binary_doc(op: BinaryOp) -> &'static str {
 /// The output of a binary elementwise op: `a` and `b` broadcast together, of `dtype`.
 fn broadcast_meta(op: &'static str, a: &Meta, b: &Meta, dtype: DType) -> Result<Meta> {
     let shape = broadcast_shapes(&[&a.shape, &b.shape]).map_err(|message| OpError::Shape {
-        op,
+        op: op.into(),
         expected: "broadcastable shapes".into(),
         got: message,
     })?;
@@ -236,7 +236,7 @@ fn gelu_form(approximate: &str) -> Result<UnaryOp> {
         "none" => Ok(UnaryOp::GeluErf),
         "tanh" => Ok(UnaryOp::GeluTanh),
         other => Err(OpError::Argument {
-            op: "gelu",
+            op: "gelu".into(),
             message: format!("gelu: expected approximate='none' or 'tanh', got {other:?}"),
         }),
     }
@@ -336,7 +336,7 @@ fn permutation(ndim: usize, axes: Option<&[i64]>) -> Result<Vec<usize>> {
         return Ok((0..ndim).rev().collect());
     };
     let bad = || OpError::Shape {
-        op: "transpose",
+        op: "transpose".into(),
         expected: format!("a permutation of 0..{ndim}"),
         got: format!("{axes:?}"),
     };

@@ -1,15 +1,18 @@
 //! The built-in operators, each a type implementing the plugin SDK's `Op` trait: the API plugin
 //! authors use. `crate::native` registers them in-process, after the loader's own descriptor
-//! checks; elementwise ones add the host's fast lane.
+//! checks; elementwise ones add the host's fast lane. [`register_builtins`] puts them into any
+//! registry; [`global`] is the process-wide default registry that holds them (what Python uses).
 #![allow(unsafe_code)] // kernels run on views whose validity the registry's callers guarantee.
+
+use std::sync::{Arc, OnceLock};
 
 use opbridge_plugin_sdk::{Attrs, DType, InPlace, Inputs, Meta, Op, Tensor, TensorMut};
 
-use crate::error::Result;
-use crate::kernels::{elementwise, matmul as mm};
+use crate::error::{OpError, Result};
+use crate::kernels::elementwise::{self, Alias};
+use crate::kernels::matmul as mm;
 use crate::native::{self, view, view_mut};
 use crate::registry::{Operator, Registry, Source};
-use crate::{check_matmul, check_vector_add, Alias};
 
 mod arithmetic;
 mod reductions;
@@ -22,10 +25,9 @@ const IN_PLACE_OK: Option<InPlace> = Some(unsafe { InPlace::new() });
 /// The SDK's result type, which built-ins return (host `OpError`s convert with `?`).
 type OpResult<T> = opbridge_plugin_sdk::Result<T>;
 
-/// Registers every built-in operator.
-pub fn register_all(registry: &Registry) -> Result<()> {
-    let mut ops: Vec<std::sync::Arc<dyn Operator>> =
-        vec![std::sync::Arc::new(native::op::<VectorAdd>()?), std::sync::Arc::new(native::op::<Matmul>()?)];
+/// Registers every built-in operator in `registry`.
+pub fn register_builtins(registry: &Registry) -> Result<()> {
+    let mut ops: Vec<Arc<dyn Operator>> = vec![vector_add_op()?, Arc::new(native::op::<Matmul>()?)];
     ops.extend(arithmetic::all()?);
     ops.extend(reductions::all()?);
     for op in ops {
@@ -34,12 +36,87 @@ pub fn register_all(registry: &Registry) -> Result<()> {
     Ok(())
 }
 
+/// The process-wide default registry, with the built-in operators: what the Python package
+/// calls and loads libraries into. Other hosts (a server) own registries of their own.
+pub fn global() -> &'static Arc<Registry> {
+    static GLOBAL: OnceLock<Arc<Registry>> = OnceLock::new();
+    GLOBAL.get_or_init(|| {
+        let registry = Registry::new();
+        register_builtins(&registry).expect("built-in operators are valid and distinct");
+        registry
+    })
+}
+
+/// Checks `vector_add` arguments; returns the result dtype (numpy's for `a + b`).
+fn check_vector_add(a: (DType, &[usize]), b: (DType, &[usize])) -> Result<DType> {
+    if a.1 != b.1 {
+        return Err(OpError::Shape {
+            op: "vector_add".into(),
+            expected: format!("inputs of equal shape (a has {:?})", a.1),
+            got: format!("b of shape {:?}", b.1),
+        });
+    }
+    Ok(a.0.promote(b.0))
+}
+
+/// Checks `matmul` arguments; returns `(m, k, n, result dtype)`.
+fn check_matmul(a: (DType, &[usize]), b: (DType, &[usize])) -> Result<(usize, usize, usize, DType)> {
+    const OP: &str = "matmul";
+    for (name, (dtype, _)) in [("a", a), ("b", b)] {
+        if !mm::MATMUL_DTYPES.contains(&dtype) {
+            return Err(OpError::unsupported_dtype(OP, &mm::MATMUL_DTYPES, format!("{dtype} for {name}")));
+        }
+    }
+    let (&[m, k], &[k2, n]) = (a.1, b.1) else {
+        return Err(OpError::Shape {
+            op: OP.into(),
+            expected: "2-D operands (m, k) and (k, n)".into(),
+            got: format!("a of shape {:?} and b of shape {:?}", a.1, b.1),
+        });
+    };
+    if k != k2 {
+        return Err(OpError::Shape {
+            op: OP.into(),
+            expected: format!("b with {k} rows to match a's shape {:?}", a.1),
+            got: format!("b of shape {:?}", b.1),
+        });
+    }
+    Ok((m, k, n, a.0.promote(b.0)))
+}
+
+/// The add kernel's aliasing mode from the addresses of equal-length contiguous operands (each
+/// either disjoint from the output or exactly it: the in-place contract).
+fn alias_of(a: usize, b: usize, out: usize) -> Alias {
+    match (a == out, b == out) {
+        (true, true) => Alias::OutIsBoth,
+        (true, false) => Alias::OutIsA,
+        (false, true) => Alias::OutIsB,
+        (false, false) => Alias::None,
+    }
+}
+
+/// `vector_add` with its fast lane: every dtype, both inputs and the output of one dtype.
+fn vector_add_op() -> Result<Arc<dyn Operator>> {
+    Ok(Arc::new(native::op::<VectorAdd>()?.with_lane(
+        |_| true,
+        |dtype, inputs, out, len| {
+            let alias = alias_of(inputs[0], inputs[1], out);
+            // SAFETY: the lane's contract (see `Lane::run`): contiguous, aligned operands of
+            // `len` elements of `dtype`, the output disjoint from each input or exactly it.
+            unsafe {
+                elementwise::add(dtype, inputs[0] as *const u8, inputs[1] as *const u8, out as *mut u8, len, alias)
+            };
+            Ok(())
+        },
+    )))
+}
+
 /// Maps a kernel's refusal to `OpError::Kernel`, without repeating the op name the kernel's
 /// message may already start with.
 fn kernel(op: &str) -> impl Fn(String) -> crate::error::OpError + '_ {
     move |message| {
         let message = message.strip_prefix(&format!("{op}: ")).map(str::to_string).unwrap_or(message);
-        crate::error::OpError::Kernel { op: op.to_string(), message }
+        OpError::Kernel { op: op.into(), message }
     }
 }
 
@@ -63,7 +140,7 @@ impl Op for VectorAdd {
 
     fn infer(inputs: &Inputs<'_, Meta>, _: &Attrs<'_>) -> OpResult<Vec<Meta>> {
         let (a, b) = (&inputs[0], &inputs[1]);
-        let dtype = check_vector_add((a.dtype, &a.shape), (b.dtype, &b.shape), None)?;
+        let dtype = check_vector_add((a.dtype, &a.shape), (b.dtype, &b.shape))?;
         Ok(vec![Meta::new(dtype, &a.shape)])
     }
 
@@ -80,12 +157,7 @@ impl Op for VectorAdd {
             return Ok(unsafe { crate::kernels::binary::binary(crate::kernels::binary::BinaryOp::Add, &a, &b, &out) }
                 .map_err(kernel("vector_add"))?);
         }
-        let alias = match (a.data == out.data, b.data == out.data) {
-            (true, true) => Alias::OutIsBoth,
-            (true, false) => Alias::OutIsA,
-            (false, true) => Alias::OutIsB,
-            (false, false) => Alias::None,
-        };
+        let alias = alias_of(a.data, b.data, out.data);
         // SAFETY: contiguous views of `numel` elements of the output dtype; the output is
         // disjoint from the inputs or exactly one of them (`IN_PLACE`).
         unsafe {
@@ -114,7 +186,7 @@ impl Op for Matmul {
 
     fn infer(inputs: &Inputs<'_, Meta>, _: &Attrs<'_>) -> OpResult<Vec<Meta>> {
         let (a, b) = (&inputs[0], &inputs[1]);
-        let (m, _, n, dtype) = check_matmul((a.dtype, &a.shape), (b.dtype, &b.shape), None)?;
+        let (m, _, n, dtype) = check_matmul((a.dtype, &a.shape), (b.dtype, &b.shape))?;
         Ok(vec![Meta::new(dtype, &[m, n])])
     }
 

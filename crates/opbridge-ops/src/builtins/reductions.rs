@@ -18,7 +18,7 @@ const FLOATS: [DType; 3] = [DType::F16, DType::F32, DType::F64];
 const INTS: [DType; 2] = [DType::I32, DType::I64];
 
 fn shape_error(op: &'static str) -> impl Fn(String) -> OpError {
-    move |message| OpError::Shape { op, expected: "a valid axis and shape".into(), got: message }
+    move |message| OpError::Shape { op: op.into(), expected: "a valid axis and shape".into(), got: message }
 }
 
 pub fn all() -> Result<Vec<Arc<dyn Operator>>> {
@@ -143,7 +143,7 @@ fn check_param(op: &'static str, what: &str, x: &Meta, param: Option<&Meta>) -> 
     let last = x.shape.last().copied().unwrap_or(1);
     if p.shape.as_slice() != [last] {
         return Err(OpError::Shape {
-            op,
+            op: op.into(),
             expected: format!("{what} of shape ({last},)"),
             got: format!("{:?}", p.shape),
         });
@@ -233,7 +233,7 @@ impl EmbeddingBag {
             "mean" => Ok(BagMode::Mean),
             "max" => Ok(BagMode::Max),
             other => Err(OpError::Argument {
-                op: Self::NAME,
+                op: Self::NAME.into(),
                 message: format!("embedding_bag: expected mode 'sum', 'mean' or 'max', got {other:?}"),
             })?,
         }
@@ -262,11 +262,15 @@ impl Op for EmbeddingBag {
                 Err(OpError::unsupported_dtype(Self::NAME, &INTS, format!("{} for {what}", m.dtype)))?;
             }
             if m.shape.len() != 1 {
-                Err(OpError::Shape { op: Self::NAME, expected: format!("1-D {what}"), got: format!("{:?}", m.shape) })?;
+                Err(OpError::Shape {
+                    op: Self::NAME.into(),
+                    expected: format!("1-D {what}"),
+                    got: format!("{:?}", m.shape),
+                })?;
             }
         }
         let [_, dim] = w.shape[..] else {
-            Err(OpError::Shape { op: Self::NAME, expected: "2-D weight".into(), got: format!("{:?}", w.shape) })?
+            Err(OpError::Shape { op: Self::NAME.into(), expected: "2-D weight".into(), got: format!("{:?}", w.shape) })?
         };
         Ok(vec![Meta::new(w.dtype, &[off.shape[0], dim])])
     }
@@ -301,7 +305,7 @@ impl Op for BatchedMatmul {
     fn infer(inputs: &Inputs<'_, Meta>, _: &Attrs<'_>) -> OpResult<Vec<Meta>> {
         let (a, b) = (&inputs[0], &inputs[1]);
         let shape = matmul_shapes(&a.shape, &b.shape).map_err(|message| OpError::Shape {
-            op: Self::NAME,
+            op: Self::NAME.into(),
             expected: "shapes valid for `@`".into(),
             got: message,
         })?;

@@ -76,7 +76,7 @@ pub struct Library {
     name: Option<String>,
     entries: Vec<Arc<Entry>>,
     handle: Arc<Handle>,
-    registry: &'static Registry,
+    registry: Arc<Registry>,
 }
 
 impl fmt::Debug for Library {
@@ -86,17 +86,13 @@ impl fmt::Debug for Library {
 }
 
 impl Library {
-    /// Loads the library at `path` and registers its operators in [`Registry::global`].
+    /// Loads the library at `path` and registers its operators in `registry`.
     ///
     /// Errors (and nothing stays registered or open): the file is missing or not a shared
     /// library, it does not export `opbridge_plugin_init`, it speaks another ABI version, a
     /// descriptor is malformed, or a name + version is registered already.
-    pub fn load(path: impl AsRef<Path>) -> Result<Library> {
-        Library::load_into(Registry::global(), path)
-    }
-
-    /// [`Library::load`] into another registry.
-    pub fn load_into(registry: &'static Registry, path: impl AsRef<Path>) -> Result<Library> {
+    /// The library holds the registry (`Arc`) until it is unloaded.
+    pub fn load_into(registry: Arc<Registry>, path: impl AsRef<Path>) -> Result<Library> {
         let path = std::path::absolute(path.as_ref()).unwrap_or_else(|_| path.as_ref().to_path_buf());
         if !path.exists() {
             return Err(plugin_error(&path, "no such file"));
@@ -169,8 +165,13 @@ impl Library {
         }
 
         let handle = Arc::new(Handle { path: path.clone(), lib: RwLock::new(Some(lib)) });
-        let mut library =
-            Library { path: path.clone(), name, entries: Vec::new(), handle: Arc::clone(&handle), registry };
+        let mut library = Library {
+            path: path.clone(),
+            name,
+            entries: Vec::new(),
+            handle: Arc::clone(&handle),
+            registry: Arc::clone(&registry),
+        };
         for spec in specs {
             let op = PluginOp::new(spec, Arc::clone(&handle));
             match registry.register(Arc::new(op), Source::Library(path.clone())) {
@@ -353,7 +354,7 @@ impl PluginOp {
     }
 
     fn missing_input(&self, input: &str) -> OpError {
-        OpError::Argument { op: result::intern(self.name()), message: format!("input {input:?} is required") }
+        OpError::Argument { op: self.name().into(), message: format!("input {input:?} is required") }
     }
 
     /// The inputs as the shape function sees them: their dtypes checked against the
@@ -375,7 +376,7 @@ impl PluginOp {
             if !schema.dtypes.contains(&input.dtype) {
                 let names: Vec<&str> = schema.dtypes.iter().map(|d| d.name()).collect();
                 return Err(OpError::DType {
-                    op: result::intern(self.name()),
+                    op: self.name().into(),
                     expected: format!("{} of dtype {}", spec.name, names.join(", ")),
                     got: input.dtype.to_string(),
                 });
@@ -389,7 +390,7 @@ impl PluginOp {
 fn meta_to_c(op: &str, input: &str, dtype: DType, shape: &[usize]) -> Result<sys::OpbMeta> {
     if shape.len() > sys::OPB_MAX_NDIM {
         return Err(OpError::Shape {
-            op: result::intern(op),
+            op: op.into(),
             expected: format!("{input} with at most {} dimensions", sys::OPB_MAX_NDIM),
             got: format!("shape {shape:?}"),
         });

@@ -3,7 +3,6 @@
 
 use std::collections::HashSet;
 use std::ffi::{c_char, c_int, CString};
-use std::sync::{Mutex, OnceLock};
 
 use opbridge_runtime::DType;
 
@@ -28,19 +27,6 @@ pub fn message(buf: &[u8; ERR_LEN], status: c_int) -> String {
     }
 }
 
-/// Operator names for error variants that carry a `&'static str`: each distinct name is leaked
-/// once per process, however often libraries are loaded.
-pub fn intern(name: &str) -> &'static str {
-    static NAMES: OnceLock<Mutex<HashSet<&'static str>>> = OnceLock::new();
-    let mut names = NAMES.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(&known) = names.get(name) {
-        return known;
-    }
-    let leaked: &'static str = Box::leak(name.to_string().into_boxed_str());
-    names.insert(leaked);
-    leaked
-}
-
 /// A callback's status as a result: `OpbStatus` codes map to the error kinds of built-in ops.
 pub fn check(op: &str, status: c_int, buf: &[u8; ERR_LEN]) -> Result<(), OpError> {
     if status == sys::OPB_OK {
@@ -59,16 +45,16 @@ pub fn status_error(op: &str, status: c_int, full: String) -> OpError {
         None => (fallback.to_string(), message.clone()),
     };
     match status {
-        sys::OPB_ERR_INVALID_ARGUMENT => OpError::Argument { op: intern(op), message },
+        sys::OPB_ERR_INVALID_ARGUMENT => OpError::Argument { op: op.into(), message },
         sys::OPB_ERR_SHAPE => {
             let (expected, got) = parts("shapes the operator accepts");
-            OpError::Shape { op: intern(op), expected, got }
+            OpError::Shape { op: op.into(), expected, got }
         }
         sys::OPB_ERR_DTYPE => {
             let (expected, got) = parts("dtypes the operator accepts");
-            OpError::DType { op: intern(op), expected, got }
+            OpError::DType { op: op.into(), expected, got }
         }
-        _ => OpError::Kernel { op: op.to_string(), message },
+        _ => OpError::Kernel { op: op.into(), message },
     }
 }
 
@@ -138,7 +124,7 @@ impl OpSpec {
             if !fits {
                 let names: Vec<&str> = schema.dtypes.iter().map(|d| d.name()).collect();
                 return Err(OpError::Kernel {
-                    op: schema.name.clone(),
+                    op: schema.name.clone().into(),
                     message: format!(
                         "the input-dtype rule chose {} for input {:?}; the operator declares {}",
                         dtype.map_or("nothing", DType::name),
@@ -423,11 +409,6 @@ mod tests {
         assert!(matches!(check("op", -7, &buf), Err(OpError::Kernel { .. })));
         let empty = [0u8; ERR_LEN];
         assert!(check("op", 9, &empty).unwrap_err().to_string().contains("status 9"));
-    }
-
-    #[test]
-    fn interned_names_are_shared() {
-        assert!(std::ptr::eq(intern("scale_add"), intern("scale_add")));
     }
 
     #[test]

@@ -89,11 +89,11 @@ impl EventBackend for CpuEvent {
 
     fn elapsed_ms(&self, end: &dyn EventBackend) -> Result<f64> {
         let not_ready = |what: &str| Error::Device {
-            device: "cpu:0".into(),
+            device: crate::device::DeviceId::CPU,
             message: format!("elapsed_time: the {what} event has not been recorded and completed"),
         };
         let end = end.as_any().downcast_ref::<CpuEvent>().ok_or_else(|| Error::Device {
-            device: "cpu:0".into(),
+            device: crate::device::DeviceId::CPU,
             message: "elapsed_time: events belong to different devices".into(),
         })?;
         let start_at = self.current().and_then(|p| p.time()).ok_or_else(|| not_ready("start"))?;

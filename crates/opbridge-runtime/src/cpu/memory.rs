@@ -13,7 +13,7 @@ fn layout(bytes: usize) -> Option<Layout> {
 
 pub(super) fn allocate(bytes: usize) -> Result<DevicePtr> {
     let oom = || Error::OutOfMemory {
-        device: DeviceId::CPU.to_string(),
+        device: DeviceId::CPU,
         requested: bytes,
         limit: None,
         allocated: 0,

@@ -31,16 +31,18 @@ impl Device for CpuDevice {
         memory::allocate(bytes)
     }
 
-    fn free_raw(&self, ptr: DevicePtr, bytes: usize) {
-        memory::free(ptr, bytes)
+    fn free_raw(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
+        memory::free(ptr, bytes);
+        Ok(())
     }
 
     fn allocate_pinned(&self, bytes: usize) -> Result<DevicePtr> {
         memory::allocate(bytes)
     }
 
-    fn free_pinned(&self, ptr: DevicePtr, bytes: usize) {
-        memory::free(ptr, bytes)
+    fn free_pinned(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
+        memory::free(ptr, bytes);
+        Ok(())
     }
 
     fn create_stream(&self) -> Result<Arc<dyn StreamBackend>> {

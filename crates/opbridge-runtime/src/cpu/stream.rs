@@ -5,8 +5,8 @@ use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 
 use super::{memory, CpuEvent};
-use crate::device::{CopyKind, DevicePtr, EventBackend, HostFn, StreamBackend};
-use crate::error::{Error, Result};
+use crate::device::{CopyKind, DeviceId, DevicePtr, EventBackend, HostFn, StreamBackend};
+use crate::error::{AsyncError, Error, ErrorKind, Result};
 
 static NEXT_WORKER: AtomicU64 = AtomicU64::new(1);
 
@@ -29,7 +29,7 @@ struct Progress {
 struct Completed {
     count: u64,
     /// First error since the last synchronize (CUDA reports async errors once, at the next sync).
-    error: Option<String>,
+    error: Option<AsyncError>,
     /// Threads blocked in `drain`: the worker wakes them (a system call) only when there are any.
     waiters: usize,
 }
@@ -57,11 +57,11 @@ impl CpuStream {
                 for job in queue {
                     // A panicking kernel must not kill the stream: it becomes the stream's error.
                     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job))
-                        .unwrap_or_else(|_| Err("kernel panicked".to_string()));
+                        .unwrap_or_else(|_| Err(AsyncError::new(ErrorKind::Internal, "kernel panicked")));
                     let mut state = worker_progress.state.lock().unwrap_or_else(|p| p.into_inner());
                     state.count += 1;
-                    if let Err(message) = outcome {
-                        state.error.get_or_insert(message);
+                    if let Err(error) = outcome {
+                        state.error.get_or_insert(error);
                     }
                     let wake = state.waiters > 0;
                     drop(state);
@@ -71,7 +71,7 @@ impl CpuStream {
                 }
             })
             .map_err(|e| Error::Device {
-                device: "cpu:0".into(),
+                device: DeviceId::CPU,
                 message: format!("cannot start stream worker: {e}"),
             })?;
         Ok(CpuStream { number, name, jobs, progress })
@@ -81,7 +81,7 @@ impl CpuStream {
         self.progress.submitted.fetch_add(1, Ordering::SeqCst);
         self.jobs.send(job).map_err(|_| {
             self.progress.submitted.fetch_sub(1, Ordering::SeqCst);
-            Error::Device { device: "cpu:0".into(), message: format!("{} has stopped", self.name) }
+            Error::Device { device: DeviceId::CPU, message: format!("{} has stopped", self.name) }
         })
     }
 }
@@ -105,7 +105,7 @@ impl StreamBackend for CpuStream {
 
     fn record(&self, event: &Arc<dyn EventBackend>) -> Result<()> {
         let cpu = event.as_any().downcast_ref::<CpuEvent>().ok_or_else(|| Error::Device {
-            device: "cpu:0".into(),
+            device: DeviceId::CPU,
             message: "cannot record an event of another device on a CPU stream".into(),
         })?;
         let point = cpu.begin_record();
@@ -118,7 +118,7 @@ impl StreamBackend for CpuStream {
     fn wait(&self, event: &Arc<dyn EventBackend>) -> Result<()> {
         let point =
             event.as_any().downcast_ref::<CpuEvent>().map(CpuEvent::wait_point).ok_or_else(|| Error::Device {
-                device: "cpu:0".into(),
+                device: DeviceId::CPU,
                 message: "cannot wait on an event of another device on a CPU stream".into(),
             })?;
         match point {
@@ -134,7 +134,7 @@ impl StreamBackend for CpuStream {
         self.drain()?;
         let mut state = self.progress.state.lock().unwrap_or_else(|p| p.into_inner());
         match state.error.take() {
-            Some(message) => Err(Error::Async { stream: self.name.clone(), message }),
+            Some(error) => Err(Error::Async { stream: self.name.clone(), error }),
             None => Ok(()),
         }
     }
@@ -142,7 +142,7 @@ impl StreamBackend for CpuStream {
     fn drain(&self) -> Result<()> {
         if SERVING.with(|s| s.get()) == self.number {
             return Err(Error::Device {
-                device: "cpu:0".into(),
+                device: DeviceId::CPU,
                 message: format!("cannot wait for {} from work running on it (a host function)", self.name),
             });
         }

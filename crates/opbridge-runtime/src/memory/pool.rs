@@ -145,6 +145,11 @@ impl MemoryPool {
     }
 
     /// The size of the block a request of `bytes` gets.
+    /// The device whose memory this pool caches.
+    pub fn device_id(&self) -> crate::device::DeviceId {
+        self.device.id()
+    }
+
     pub fn block_size(&self, bytes: usize) -> usize {
         round_up(bytes.max(1), MIN_BLOCK).unwrap_or(usize::MAX)
     }
@@ -419,9 +424,14 @@ impl MemoryPool {
             state.stats.free_blocks -= 1;
             state.stats.reserved_bytes_current -= size;
             state.stats.total_memory = state.stats.reserved_bytes_current;
-            match self.source {
+            let freed = match self.source {
                 Source::Device => self.device.free_raw(DevicePtr(addr), size),
                 Source::Pinned => self.device.free_pinned(DevicePtr(addr), size),
+            };
+            // The pool may be releasing from `Drop`: a failed free is kept and surfaced by the
+            // next allocation (the first one wins; the rest say the same about the device).
+            if let Err(error) = freed {
+                state.deferred.get_or_insert(error);
             }
         }
         // Forget dead streams that own nothing any more.
@@ -484,7 +494,7 @@ impl MemoryPool {
 
     fn oom_error(&self, state: &State, requested: usize, quota: bool) -> Error {
         Error::OutOfMemory {
-            device: self.device.id().to_string(),
+            device: self.device.id(),
             requested,
             limit: state.limit,
             allocated: state.stats.allocated_bytes_current,
@@ -552,7 +562,7 @@ impl ChildPool {
         if let Err(in_use) = self.quota.take(size) {
             let state = self.parent.lock();
             return Err(Error::OutOfMemory {
-                device: self.parent.device.id().to_string(),
+                device: self.parent.device.id(),
                 requested: bytes,
                 limit: Some(self.quota.limit),
                 allocated: in_use,
@@ -581,6 +591,11 @@ impl ChildPool {
             .zip(sizes)
             .map(|(offset, &len)| SubBuffer { block: Arc::clone(&block), offset, len })
             .collect())
+    }
+
+    /// The pool this one draws its blocks from.
+    pub fn parent(&self) -> &Arc<MemoryPool> {
+        &self.parent
     }
 
     pub fn quota(&self) -> usize {

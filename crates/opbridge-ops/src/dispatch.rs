@@ -1,0 +1,297 @@
+//! The one operator call path below every front end (the Python bindings today, the server
+//! next): no PyO3, no tokio.
+//!
+//! - [`plan`]: dtypes and shapes only — what each input is converted to and what the outputs
+//!   are (the operator's input-dtype rule and shape function, memoized). Enough for server
+//!   metadata and request validation.
+//! - [`run_host`]: a planned call, synchronously, on host memory the caller owns (the numpy
+//!   path): checks the outputs against the plan and each other, then runs the CPU kernel.
+//! - [`launch`]: tensors in, tensors out, enqueued on a stream; new outputs, conversions and
+//!   outputs computed aside come from the caller's [`Allocate`] (the device pool, or a
+//!   session's child pool whose quota then covers them). Kernel failures stay typed: the
+//!   stream's error keeps the `OpError` as its cause.
+//!
+//! The caller binds arguments (attributes by the schema), keeps the memory of host views alive
+//! for the call, and turns results into its own values.
+#![allow(unsafe_code)] // the conversion and copy kernels run on views of stream-ordered blocks.
+
+use std::sync::Arc;
+
+use opbridge_runtime::{Allocate, DType, Stream, Tensor};
+
+use crate::error::{OpError, Result};
+use crate::kernels::cast;
+use crate::registry::Entry;
+use crate::schema::{Attrs, Meta};
+use crate::view::{overlap, Overlap, TensorView};
+
+/// What a call will do, from the inputs' dtypes and shapes alone.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// The dtype each present input has when the kernel runs (the caller converts, once).
+    pub inputs: Vec<Option<DType>>,
+    /// The outputs' dtypes and shapes.
+    pub outputs: Vec<Meta>,
+}
+
+/// Checks the inputs against the schema (presence, dtypes) and runs the operator's input-dtype
+/// rule and shape function.
+pub fn plan(entry: &Entry, inputs: &[Option<Meta>], attrs: &Attrs) -> Result<Plan> {
+    let schema = entry.schema();
+    if inputs.len() != schema.inputs.len() {
+        return Err(OpError::Argument {
+            op: schema.name.as_str().into(),
+            message: format!("expected {} inputs, got {}", schema.inputs.len(), inputs.len()),
+        });
+    }
+    for (spec, meta) in schema.inputs.iter().zip(inputs) {
+        match meta {
+            None if !spec.optional => {
+                return Err(OpError::Argument {
+                    op: schema.name.as_str().into(),
+                    message: format!("missing required input {:?}", spec.name),
+                })
+            }
+            Some(meta) if !schema.dtypes.contains(&meta.dtype) => {
+                let names: Vec<&str> = schema.dtypes.iter().map(|d| d.name()).collect();
+                return Err(OpError::DType {
+                    op: schema.name.as_str().into(),
+                    expected: format!("{} of dtype {}", spec.name, names.join(", ")),
+                    got: meta.dtype.to_string(),
+                });
+            }
+            _ => {}
+        }
+    }
+    Ok(Plan { inputs: entry.op.input_dtypes(inputs, attrs)?, outputs: entry.op.infer(inputs, attrs)? })
+}
+
+/// Checks a caller-given output against the plan: its shape, its dtype, and a contiguous layout
+/// (kernels write outputs densely).
+pub fn check_output(entry: &Entry, meta: &Meta, out: &TensorView) -> Result<()> {
+    let op = || -> Arc<str> { entry.schema().name.as_str().into() };
+    if out.shape.as_slice() != meta.shape.as_slice() {
+        return Err(OpError::Shape {
+            op: op(),
+            expected: format!("out of shape {:?}", meta.shape),
+            got: format!("{:?}", out.shape.as_slice()),
+        });
+    }
+    if out.dtype != meta.dtype {
+        return Err(OpError::DType {
+            op: op(),
+            expected: format!("out of dtype {}", meta.dtype),
+            got: out.dtype.to_string(),
+        });
+    }
+    if !out.is_contiguous() {
+        return Err(OpError::Argument { op: op(), message: "expected a contiguous out".into() });
+    }
+    Ok(())
+}
+
+/// Whether an output must be computed aside and copied in afterwards: it overlaps an input,
+/// other than as an exact alias of an operator that may work in place.
+pub fn overlaps_inputs(entry: &Entry, inputs: &[Option<TensorView>], out: &TensorView) -> bool {
+    let span = out.byte_span();
+    inputs
+        .iter()
+        .flatten()
+        .any(|v| overlap(v.byte_span(), span) != Overlap::Disjoint && !(entry.op.in_place_ok() && v == out))
+}
+
+/// Kernels write every output at once: two outputs sharing memory would be a data race.
+fn check_outputs_disjoint(entry: &Entry, outputs: &[TensorView]) -> Result<()> {
+    for (i, a) in outputs.iter().enumerate() {
+        for b in &outputs[i + 1..] {
+            if overlap(a.byte_span(), b.byte_span()) != Overlap::Disjoint {
+                return Err(OpError::Argument {
+                    op: entry.schema().name.as_str().into(),
+                    message: "out arrays must not overlap each other".into(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs a planned call synchronously on host memory (the numpy path).
+///
+/// `inputs` must have the plan's dtypes (any strides); `outputs` the plan's metas, contiguous,
+/// disjoint from each other and from the inputs (or exact aliases where the operator works in
+/// place: see [`overlaps_inputs`]). As for every view, the caller keeps the memory alive and
+/// unaliased by other writers until this returns.
+pub fn run_host(
+    entry: &Entry,
+    attrs: &Attrs,
+    plan: &Plan,
+    inputs: &[Option<TensorView>],
+    outputs: &[TensorView],
+) -> Result<()> {
+    let misplanned = |what: String| OpError::Argument { op: entry.schema().name.as_str().into(), message: what };
+    if inputs.len() != plan.inputs.len() || outputs.len() != plan.outputs.len() {
+        return Err(misplanned(format!(
+            "the call has {} inputs and {} outputs, its plan {} and {}",
+            inputs.len(),
+            outputs.len(),
+            plan.inputs.len(),
+            plan.outputs.len()
+        )));
+    }
+    for (view, dtype) in inputs.iter().zip(&plan.inputs) {
+        if view.as_ref().map(|v| v.dtype) != *dtype {
+            return Err(misplanned(format!("an input is not of its planned dtype {dtype:?}")));
+        }
+    }
+    for (meta, out) in plan.outputs.iter().zip(outputs) {
+        check_output(entry, meta, out)?;
+        if overlaps_inputs(entry, inputs, out) {
+            return Err(misplanned("an output overlaps an input: compute it aside".into()));
+        }
+    }
+    check_outputs_disjoint(entry, outputs)?;
+    let _call = entry.enter_scoped();
+    entry.op.run_cpu(inputs, outputs, attrs)
+}
+
+/// Enqueues a call on `stream`: tensors in, tensors out.
+///
+/// Every tensor must be on the stream's device, and the operator must have a kernel for it.
+/// Inputs of another dtype than the plan's are converted (one copy, from `alloc`); strided
+/// inputs are read in place. Without `out`, outputs are new tensors from `alloc`; with it, the
+/// given tensors are written (an output that overlaps an input is computed aside, from
+/// `alloc`, and copied in). Returns the outputs: new, or `out`'s. The call counts as in flight
+/// for [`Entry::wait_idle`] until its kernel has run.
+pub fn launch(
+    entry: &Arc<Entry>,
+    attrs: &Attrs,
+    inputs: &[Option<Arc<Tensor>>],
+    out: Option<&[Arc<Tensor>]>,
+    stream: &Stream,
+    alloc: &dyn Allocate,
+) -> Result<Vec<Arc<Tensor>>> {
+    let schema = entry.schema();
+    let op = || -> Arc<str> { schema.name.as_str().into() };
+    let device = stream.device();
+    let tensors = inputs.iter().flatten().chain(out.into_iter().flatten());
+    if let Some(t) = tensors.clone().find(|t| t.device() != device) {
+        return Err(OpError::Device {
+            op: op(),
+            message: format!("expected all tensors on {device} (the stream's device), got one on {}", t.device()),
+        });
+    }
+    if alloc.device() != device {
+        return Err(OpError::Device {
+            op: op(),
+            message: format!("outputs would come from {}, but the call runs on {device}", alloc.device()),
+        });
+    }
+    let devices = entry.op.devices();
+    if !devices.contains(&device.kind) {
+        let names: Vec<&str> = devices.iter().map(|d| d.name()).collect();
+        return Err(OpError::Device {
+            op: op(),
+            message: format!(
+                "no {} kernel for {} v{}; it has kernels for: {}",
+                device.kind.name(),
+                schema.name,
+                schema.version,
+                names.join(", ")
+            ),
+        });
+    }
+    let metas: Vec<Option<Meta>> = inputs.iter().map(|t| t.as_ref().map(|t| Meta::new(t.dtype(), t.shape()))).collect();
+    let plan = plan(entry, &metas, attrs)?;
+    let mut converted: Vec<Option<Arc<Tensor>>> = Vec::with_capacity(inputs.len());
+    for (t, dtype) in inputs.iter().zip(&plan.inputs) {
+        converted.push(match (t, dtype) {
+            (Some(t), Some(d)) if t.dtype() == *d => Some(Arc::clone(t)),
+            (Some(t), Some(d)) => Some(convert(t, *d, stream, alloc)?),
+            _ => None,
+        });
+    }
+    if let Some(given) = out {
+        if given.len() != plan.outputs.len() {
+            return Err(OpError::Argument {
+                op: op(),
+                message: format!("expected {} out tensors, got {}", plan.outputs.len(), given.len()),
+            });
+        }
+    }
+    let mut results: Vec<Arc<Tensor>> = Vec::with_capacity(plan.outputs.len());
+    for (k, meta) in plan.outputs.iter().enumerate() {
+        results.push(match out {
+            Some(given) => {
+                check_output(entry, meta, &TensorView::of_tensor(&given[k]))?;
+                Arc::clone(&given[k])
+            }
+            None => Arc::new(Tensor::empty_in(alloc, &meta.shape, meta.dtype, stream.id())?),
+        });
+    }
+    let views: Vec<Option<TensorView>> =
+        converted.iter().map(|t| t.as_ref().map(|t| TensorView::of_tensor(t))).collect();
+    let mut targets: Vec<Arc<Tensor>> = Vec::with_capacity(results.len());
+    for result in &results {
+        targets.push(if overlaps_inputs(entry, &views, &TensorView::of_tensor(result)) {
+            Arc::new(Tensor::empty_in(alloc, result.shape(), result.dtype(), stream.id())?)
+        } else {
+            Arc::clone(result)
+        });
+    }
+    let out_views: Vec<TensorView> = targets.iter().map(|t| TensorView::of_tensor(t)).collect();
+    check_outputs_disjoint(entry, &out_views)?;
+    let call = entry.enter();
+    let attrs = attrs.clone();
+    let reads: Vec<&Tensor> = converted.iter().flatten().map(|t| t.as_ref()).collect();
+    let writes: Vec<&Tensor> = targets.iter().map(|t| t.as_ref()).collect();
+    Tensor::launch(
+        stream,
+        &reads,
+        &writes,
+        Box::new(move || {
+            // The call guard lives until the kernel has run: an unload waits for it.
+            call.entry().op.run_cpu(&views, &out_views, &attrs).map_err(OpError::into_async)
+        }),
+    )?;
+    for (result, target) in results.iter().zip(&targets) {
+        if !Arc::ptr_eq(result, target) {
+            copy_tensor(target, result, stream)?;
+        }
+    }
+    Ok(results)
+}
+
+/// A contiguous copy of `t` converted to `dtype`, enqueued on `stream` (the one documented copy
+/// for an input of another dtype than the kernel's).
+fn convert(t: &Arc<Tensor>, dtype: DType, stream: &Stream, alloc: &dyn Allocate) -> Result<Arc<Tensor>> {
+    let converted = Tensor::empty_in(alloc, t.shape(), dtype, stream.id())?;
+    let (src, dst) = (TensorView::of_tensor(t), TensorView::of_tensor(&converted));
+    Tensor::launch(
+        stream,
+        &[t],
+        &[&converted],
+        Box::new(move || {
+            // SAFETY: `src` is `t`'s validated layout; `dst` is a fresh contiguous block of the
+            // same shape; stream order keeps both alive and unaliased until this kernel has run.
+            unsafe { cast::cast_view(&src, &dst) }
+                .map_err(|message| OpError::Kernel { op: "cast".into(), message }.into_async())
+        }),
+    )?;
+    Ok(Arc::new(converted))
+}
+
+/// Enqueues a byte copy of contiguous `src` into contiguous `dst` (same size) on `stream`.
+fn copy_tensor(src: &Tensor, dst: &Tensor, stream: &Stream) -> Result<()> {
+    let (from, to, bytes) = (src.data_ptr(), dst.data_ptr(), src.nbytes());
+    Tensor::launch(
+        stream,
+        &[src],
+        &[dst],
+        Box::new(move || {
+            // SAFETY: both are live contiguous blocks of `bytes` bytes (stream order).
+            unsafe { std::ptr::copy(from.0 as *const u8, to.0 as *mut u8, bytes) };
+            Ok(())
+        }),
+    )?;
+    Ok(())
+}
