@@ -82,10 +82,30 @@ def test_byte_swapped_arrays_on_the_tensor_path():
 def test_async_kernel_errors_surface_on_host_reads():
     weight = ob.asarray(np.ones((10, 2)))
     r = ob.ops.embedding_bag(weight, ob.asarray(np.array([1, 99])), ob.asarray(np.array([0])))
-    with pytest.raises(ob.DeviceError, match="out of range"):
+    # The same mistake raises the same class as on numpy arrays (test_ops_reductions), though
+    # it was found by the kernel on a stream: async errors keep their kind.
+    with pytest.raises(ob.ArgumentError, match="out of range") as info:
         r.numpy()
-    with pytest.raises(ob.DeviceError):
+    assert not isinstance(info.value, ob.DeviceError)
+    with pytest.raises(ob.ArgumentError, match="out of range"):
         ob.synchronize()  # the stream reports it too, once
+    ob.synchronize()  # and only once
+
+
+def test_same_mistake_same_class_on_arrays_and_tensors():
+    weight = np.ones((10, 2))
+    indices, offsets = np.array([1, 99]), np.array([0])
+    with pytest.raises(ob.ArgumentError, match="out of range"):
+        ob.ops.embedding_bag(weight, indices, offsets)
+    with pytest.raises(ob.ArgumentError, match="out of range"):
+        ob.ops.embedding_bag(ob.asarray(weight), ob.asarray(indices), ob.asarray(offsets)).numpy()
+    with pytest.raises(ob.ArgumentError, match="out of range"):
+        ob.synchronize()
+    # A shape mistake found before launch is a ShapeError on both paths.
+    with pytest.raises(ob.ShapeError):
+        ob.vector_add(np.ones(3), np.ones(4))
+    with pytest.raises(ob.ShapeError):
+        ob.vector_add(ob.asarray(np.ones(3)), ob.asarray(np.ones(4)))
 
 
 def test_rerecording_an_event_does_not_release_earlier_waiters():

@@ -75,8 +75,10 @@ impl OpError {
             | OpError::DuplicateOperator { .. }
             | OpError::InvalidOperator { .. }
             | OpError::Plugin { .. } => ErrorKind::Argument,
-            OpError::UnknownOperator { .. } | OpError::UnknownVersion { .. } => ErrorKind::NotFound,
-            OpError::Unloaded { .. } => ErrorKind::Unavailable,
+            // An unloaded version is gone from the registry: the caller looks it up again.
+            OpError::UnknownOperator { .. } | OpError::UnknownVersion { .. } | OpError::Unloaded { .. } => {
+                ErrorKind::NotFound
+            }
             OpError::Runtime(error) => error.kind(),
         }
     }

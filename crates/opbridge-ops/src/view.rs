@@ -44,7 +44,12 @@ impl TensorView {
         self.shape.iter().product()
     }
 
+    /// Row-major with no gaps (size-1 dimensions may have any stride; an empty view always is,
+    /// as numpy says of empty arrays).
     pub fn is_contiguous(&self) -> bool {
+        if self.shape.contains(&0) {
+            return true;
+        }
         let expected = opbridge_runtime::tensor::contiguous_strides(&self.shape);
         self.shape.iter().zip(self.strides.iter().zip(&expected)).all(|(&d, (&s, &e))| d <= 1 || s == e)
     }

@@ -763,8 +763,8 @@ fn a_registry_of_its_own_holds_only_what_was_loaded_into_it() {
     // operators go there and nowhere else, and the registry outlives nothing it does not hold.
     let own = Registry::new();
     assert!(own.list().is_empty(), "a new registry has no built-ins until they are registered");
-    let lib = Library::load_into(Arc::clone(&own), shared_library(&fixture("own_reg", 1, 3, "", None), "own_reg"))
-        .unwrap();
+    let lib =
+        Library::load_into(Arc::clone(&own), shared_library(&fixture("own_reg", 1, 3, "", None), "own_reg")).unwrap();
     let entry = own.get("own_reg", None).unwrap();
     assert_eq!(call_entry(&entry, &[1.0, 2.0], &[]).unwrap(), vec![4.0, 5.0]);
     assert!(opbridge_ops::global().get("own_reg", None).is_err(), "not in the default registry");

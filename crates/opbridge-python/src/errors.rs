@@ -10,8 +10,7 @@
 //! ```
 //! Each also derives from the builtin a user would catch for that kind of mistake.
 
-use opbridge_ops::OpError;
-use opbridge_runtime::Error as RuntimeError;
+use opbridge_ops::{ErrorKind, OpError};
 use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -111,30 +110,17 @@ pub fn argument_error(message: String) -> PyErr {
     raise(|e| &e.argument, message)
 }
 
-/// The exhaustive mapping from crate errors to exception classes.
+/// The one mapping from errors to exception classes: by kind, so an error raises the same
+/// class whichever path found it (before launch, in a kernel, on a stream).
 pub fn to_pyerr(error: impl Into<OpError>) -> PyErr {
     let error = error.into();
     let message = error.to_string();
-    match error {
-        OpError::Shape { .. } => shape_error(message),
-        OpError::DType { .. } => dtype_error(message),
-        OpError::Device { .. } => device_error(message),
-        OpError::Argument { .. } | OpError::Kernel { .. } => argument_error(message),
-        OpError::UnknownAttribute { .. } | OpError::MissingAttribute { .. } | OpError::InvalidAttribute { .. } => {
-            argument_error(message)
-        }
-        OpError::UnknownOperator { .. }
-        | OpError::UnknownVersion { .. }
-        | OpError::DuplicateOperator { .. }
-        | OpError::InvalidOperator { .. }
-        | OpError::Plugin { .. }
-        | OpError::Unloaded { .. } => raise(|e| &e.base, message),
-        OpError::Runtime(runtime) => match runtime {
-            RuntimeError::OutOfMemory { .. } => raise(|e| &e.oom, message),
-            RuntimeError::Layout(_) => shape_error(message),
-            RuntimeError::Device { .. } | RuntimeError::Async { .. } | RuntimeError::WrongDevice { .. } => {
-                device_error(message)
-            }
-        },
+    match error.kind() {
+        ErrorKind::Shape => shape_error(message),
+        ErrorKind::DType => dtype_error(message),
+        ErrorKind::Argument => argument_error(message),
+        ErrorKind::OutOfMemory => raise(|e| &e.oom, message),
+        ErrorKind::Device | ErrorKind::Unavailable | ErrorKind::Internal => device_error(message),
+        ErrorKind::NotFound => raise(|e| &e.base, message),
     }
 }

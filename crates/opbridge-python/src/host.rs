@@ -2,7 +2,6 @@
 //! outputs, and run CPU kernels directly on numpy's buffers (GIL released for large inputs).
 
 use numpy::{PyUntypedArray, PyUntypedArrayMethods};
-use opbridge_ops::{overlap, Overlap};
 use opbridge_runtime::{DType, DeviceContext, StreamId};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -74,15 +73,6 @@ impl<'py> HostArray<'py> {
         self.layout
     }
 
-    pub fn nbytes(&self) -> usize {
-        self.array.len() * self.dtype.size()
-    }
-
-    /// The byte range the array's elements span (for aliasing checks; contiguous arrays only).
-    pub fn range(&self) -> (usize, usize) {
-        (self.layout().data, self.nbytes())
-    }
-
     pub fn is_native(&self) -> bool {
         self.layout.is_native()
     }
@@ -104,7 +94,7 @@ impl<'py> HostArray<'py> {
         Ok(HostArray::from_array(copy.cast_into()?, dtype))
     }
 
-    /// A private copy, for an input that partially overlaps the output.
+    /// A private copy (an input snapshotted at the call).
     pub fn copied(self) -> PyResult<HostArray<'py>> {
         let copy = self.array.call_method0("copy")?;
         Ok(HostArray::from_array(copy.cast_into()?, self.dtype))
@@ -133,15 +123,6 @@ pub fn check_out<'py>(op: &str, out: &Bound<'py, PyAny>) -> PyResult<HostArray<'
         )));
     }
     Ok(out)
-}
-
-/// Makes inputs safe to read while `out` is written: an exact alias is fine (in-place), a
-/// partial overlap gets a private copy of the input.
-pub fn unalias<'py>(input: HostArray<'py>, out: Option<&HostArray<'py>>) -> PyResult<HostArray<'py>> {
-    match out {
-        Some(out) if overlap(input.range(), out.range()) == Overlap::Partial => input.copied(),
-        _ => Ok(input),
-    }
 }
 
 /// A new C-contiguous output array: pool memory for large ones, numpy's for small ones.

@@ -5,7 +5,6 @@ mod errors;
 mod ffi;
 mod host;
 mod memory;
-mod ops;
 mod plugin;
 mod registry;
 mod stream;
@@ -27,8 +26,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(registry::registry_generation, m)?)?;
     m.add_class::<plugin::PyLibrary>()?;
     m.add_function(wrap_pyfunction!(plugin::load_library, m)?)?;
-    m.add_function(wrap_pyfunction!(ops::vector_add, m)?)?;
-    m.add_function(wrap_pyfunction!(ops::matmul, m)?)?;
+    m.add_function(wrap_pyfunction!(registry::vector_add, m)?)?;
+    m.add_function(wrap_pyfunction!(registry::matmul, m)?)?;
     m.add_function(wrap_pyfunction!(tensor::asarray, m)?)?;
     m.add_function(wrap_pyfunction!(tensor::empty, m)?)?;
     m.add_function(wrap_pyfunction!(tensor::zeros, m)?)?;

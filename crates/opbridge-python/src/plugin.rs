@@ -30,7 +30,8 @@ fn operators_changed(py: Python<'_>) -> PyResult<()> {
 
 impl PyLibrary {
     fn load(py: Python<'_>, path: PathBuf) -> PyResult<PyLibrary> {
-        let lib = py.detach(|| NativeLibrary::load(&path)).map_err(to_pyerr)?;
+        let registry = std::sync::Arc::clone(opbridge_ops::global());
+        let lib = py.detach(|| NativeLibrary::load_into(registry, &path)).map_err(to_pyerr)?;
         if let Err(error) = operators_changed(py) {
             // No handle goes back to the caller: nothing of the library may stay registered.
             py.detach(|| lib.unload()).map_err(to_pyerr)?;

@@ -1,13 +1,17 @@
-//! Registered operators from Python: `ob.ops.<name>(...)`, `ob.ops.get(name, version=...)` and
-//! `ob.list_ops()`. One generic call path serves every operator, built-in or loaded: numpy
-//! arrays run synchronously on their buffers, `Tensor`s are enqueued on the current stream.
+//! Registered operators from Python: `ob.ops.<name>(...)`, `ob.ops.get(name, version=...)`,
+//! `ob.list_ops()`, and `ob.vector_add` / `ob.matmul` (fixed-signature entries to two of them).
+//! This file binds arguments, extracts numpy arrays, serves the elementwise fast lane and wraps
+//! results; the call itself (plan, checks, kernel, launch) is `opbridge_ops::dispatch`, the
+//! same path the server takes. numpy arrays run synchronously on their buffers, `Tensor`s are
+//! enqueued on the current stream.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use numpy::{PyUntypedArray, PyUntypedArrayMethods};
+use opbridge_ops::dispatch;
 use opbridge_ops::registry::{Entry, Lane, Registry};
 use opbridge_ops::{overlap, AttrValue, Attrs, Meta, Overlap, TensorView};
-use opbridge_runtime::{DType, DeviceContext, Tensor};
+use opbridge_runtime::{DType, DeviceContext, DeviceId, Tensor};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedStr;
@@ -15,7 +19,7 @@ use pyo3::types::{PyDict, PyList, PyTuple};
 
 use smallvec::SmallVec;
 
-use crate::errors::{argument_error, device_error, dtype_error, shape_error, to_pyerr};
+use crate::errors::{argument_error, to_pyerr};
 use crate::ffi::numpy as np_ffi;
 use crate::host::{self, check_out, new_output, HostArray};
 use crate::tensor::{as_out_tensor, as_tensor, PyTensor};
@@ -27,8 +31,9 @@ pub struct PyOp {
     entry: Arc<Entry>,
 }
 
+/// The process-wide default registry (built-ins and loaded libraries).
 fn registry() -> &'static Registry {
-    Registry::global()
+    opbridge_ops::global()
 }
 
 /// A Python value as an attribute value.
@@ -160,27 +165,15 @@ fn view_of(array: &HostArray<'_>) -> TensorView {
     }
 }
 
-/// Kernels write every output at once: two outputs sharing memory would be a data race.
-fn check_outputs_disjoint(name: &str, outputs: &[TensorView]) -> PyResult<()> {
-    for (i, a) in outputs.iter().enumerate() {
-        for b in &outputs[i + 1..] {
-            if overlap(a.byte_span(), b.byte_span()) != Overlap::Disjoint {
-                return Err(argument_error(format!("{name}: out arrays must not overlap each other")));
-            }
-        }
-    }
-    Ok(())
-}
-
 /// The elementwise fast lane (see `opbridge_ops::registry::Lane`): every argument a plain
 /// C-contiguous, aligned, native ndarray of one dtype and shape, no attributes, and `out`
 /// (when given) of the same kind and either disjoint from the inputs or one of them. Returns
 /// `None` when the call does not qualify: the generic path then handles it, errors included.
-fn try_lane<'py>(
+fn try_lane<'py, A: std::ops::Deref<Target = Bound<'py, PyAny>>>(
     py: Python<'py>,
-    entry: &Arc<Entry>,
+    entry: &Entry,
     lane: &Lane,
-    args: &Bound<'py, PyTuple>,
+    args: impl ExactSizeIterator<Item = A>,
     out: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
     const MAX_INPUTS: usize = 4;
@@ -190,7 +183,7 @@ fn try_lane<'py>(
     }
     let mut addresses = [0usize; MAX_INPUTS];
     let mut first: Option<(DType, Bound<'py, PyUntypedArray>)> = None;
-    for (k, arg) in args.iter().enumerate() {
+    for (k, arg) in args.enumerate() {
         let Some(array) = np_ffi::as_ndarray(&arg) else { return Ok(None) };
         let layout = np_ffi::layout(array);
         if !(layout.is_c_contiguous() && layout.is_aligned() && layout.is_native()) {
@@ -243,10 +236,11 @@ fn try_lane<'py>(
     Ok(Some(result))
 }
 
-/// The synchronous numpy path.
+/// The synchronous numpy path: arrays in, the plan's conversions made once by numpy, outputs
+/// the caller's (checked) or new, and `dispatch::run_host` on the buffers.
 fn call_host<'py>(
     py: Python<'py>,
-    entry: &Arc<Entry>,
+    entry: &Entry,
     call: BoundCall<'py>,
     out: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
@@ -260,11 +254,10 @@ fn call_host<'py>(
         });
     }
     let metas: Few<Option<Meta>> = arrays.iter().map(|a| a.as_ref().map(|a| Meta::new(a.dtype, a.shape()))).collect();
-    let wanted = entry.op.input_dtypes(&metas, &call.attrs).map_err(to_pyerr)?;
-    let outputs = entry.op.infer(&metas, &call.attrs).map_err(to_pyerr)?;
+    let plan = dispatch::plan(entry, &metas, &call.attrs).map_err(to_pyerr)?;
     // Inputs the kernel can read in place are kept (any strides); the others are copied once.
     let mut inputs: Few<Option<HostArray<'py>>> = Few::new();
-    for (array, dtype) in arrays.into_iter().zip(&wanted) {
+    for (array, dtype) in arrays.into_iter().zip(&plan.inputs) {
         inputs.push(match (array, dtype) {
             (Some(a), Some(dtype)) => {
                 let size = dtype.size() as isize;
@@ -278,32 +271,20 @@ fn call_host<'py>(
         });
     }
     let views: Few<Option<TensorView>> = inputs.iter().map(|a| a.as_ref().map(view_of)).collect();
-    // Outputs: the caller's (validated) or new ones; computed aside when they overlap inputs.
-    let given = out_list(name, out, outputs.len())?;
+    // Outputs: the caller's (checked against the plan) or new ones; computed aside when they
+    // overlap an input.
+    let given = out_list(name, out, plan.outputs.len())?;
     let mut results: Few<HostArray<'py>> = Few::new();
     let mut copy_back: Vec<(usize, HostArray<'py>)> = Vec::new();
-    for (k, meta) in outputs.iter().enumerate() {
+    for (k, meta) in plan.outputs.iter().enumerate() {
         let Some(given) = &given else {
             results.push(new_output(py, meta.dtype, &meta.shape)?);
             continue;
         };
         let target = check_out(name, &given[k])?;
-        if target.shape() != meta.shape.as_slice() {
-            return Err(shape_error(format!(
-                "{name}: expected out of shape {:?}, got {:?}",
-                meta.shape,
-                target.shape()
-            )));
-        }
-        if target.dtype != meta.dtype {
-            return Err(dtype_error(format!("{name}: expected out of dtype {}, got {}", meta.dtype, target.dtype)));
-        }
         let target_view = view_of(&target);
-        let clash = views.iter().flatten().any(|v| {
-            overlap(v.byte_span(), target_view.byte_span()) != Overlap::Disjoint
-                && !(entry.op.in_place_ok() && *v == target_view)
-        });
-        if clash {
+        dispatch::check_output(entry, meta, &target_view).map_err(to_pyerr)?;
+        if dispatch::overlaps_inputs(entry, &views, &target_view) {
             results.push(new_output(py, meta.dtype, &meta.shape)?);
             copy_back.push((k, target));
         } else {
@@ -311,12 +292,9 @@ fn call_host<'py>(
         }
     }
     let out_views: Few<TensorView> = results.iter().map(view_of).collect();
-    check_outputs_disjoint(name, &out_views)?;
     let bytes: usize = out_views.iter().chain(views.iter().flatten()).map(|v| v.numel() * v.dtype.size()).sum();
-    let guard = entry.enter_scoped();
     let attrs = &call.attrs;
-    host::run(py, bytes, || guard.entry().op.run_cpu(&views, &out_views, attrs)).map_err(to_pyerr)?;
-    drop(guard);
+    host::run(py, bytes, || dispatch::run_host(entry, attrs, &plan, &views, &out_views)).map_err(to_pyerr)?;
     for (k, target) in copy_back {
         host::numpy(py)?.call_method1("copyto", (&target.array, &results[k].array))?;
         results[k] = target;
@@ -327,7 +305,9 @@ fn call_host<'py>(
     Ok(PyTuple::new(py, results.into_iter().map(|r| r.array.into_any()))?.into_any())
 }
 
-/// The async path: tensors in, tensors out, enqueued on the current stream.
+/// The async path: arguments become tensors (numpy inputs copied at the call, a numpy `out=`
+/// wrapped in place), `dispatch::launch` enqueues the call on the current stream of their
+/// device with outputs from its pool, and `Tensor`s come back at once.
 fn call_tensor<'py>(
     py: Python<'py>,
     entry: &Arc<Entry>,
@@ -336,110 +316,34 @@ fn call_tensor<'py>(
 ) -> PyResult<Bound<'py, PyAny>> {
     let schema = entry.schema();
     let name = schema.name.as_str();
-    let mut tensors: Vec<Option<Arc<Tensor>>> = Vec::with_capacity(call.inputs.len());
+    let mut inputs: Few<Option<Arc<Tensor>>> = Few::new();
     for input in &call.inputs {
-        tensors.push(match input {
+        inputs.push(match input {
             Some(obj) => Some(Arc::clone(&as_tensor(name, obj)?.inner)),
             None => None,
         });
     }
-    let device = tensors.iter().flatten().next().map(|t| t.device()).unwrap_or(opbridge_runtime::DeviceId::CPU);
-    if let Some(t) = tensors.iter().flatten().find(|t| t.device() != device) {
-        return Err(device_error(format!("{name}: expected all tensors on {device}, got one on {}", t.device())));
-    }
-    for (spec, t) in schema.inputs.iter().zip(&tensors) {
-        if let Some(t) = t.as_ref().filter(|t| !schema.dtypes.contains(&t.dtype())) {
-            let names: Vec<&str> = schema.dtypes.iter().map(|d| d.name()).collect();
-            return Err(dtype_error(format!(
-                "{name}: expected {} of dtype {}, got {}",
-                spec.name,
-                names.join(", "),
-                t.dtype()
-            )));
+    let given = out_list(name, out, schema.outputs.len())?;
+    let mut outs: Option<Vec<Arc<Tensor>>> = None;
+    if let Some(given) = &given {
+        let mut list = Vec::with_capacity(given.len());
+        for obj in given {
+            let target = as_out_tensor(name, obj)?;
+            if target.read_only {
+                return Err(argument_error(format!("{name}: out is read-only")));
+            }
+            list.push(Arc::clone(&target.inner));
         }
+        outs = Some(list);
     }
+    let device = inputs.iter().flatten().chain(outs.iter().flatten()).next().map_or(DeviceId::CPU, |t| t.device());
     let ctx = DeviceContext::get(device).map_err(to_pyerr)?;
     let stream = ctx.current_stream().map_err(to_pyerr)?;
-    let metas: Vec<Option<Meta>> =
-        tensors.iter().map(|t| t.as_ref().map(|t| Meta::new(t.dtype(), t.shape()))).collect();
-    let wanted = entry.op.input_dtypes(&metas, &call.attrs).map_err(to_pyerr)?;
-    let outputs = entry.op.infer(&metas, &call.attrs).map_err(to_pyerr)?;
-    let mut inputs: Vec<Option<Arc<Tensor>>> = Vec::with_capacity(tensors.len());
-    for (t, dtype) in tensors.iter().zip(&wanted) {
-        inputs.push(match (t, dtype) {
-            (Some(t), Some(d)) => Some(py.detach(|| opbridge_ops::contiguous(t, *d, &stream)).map_err(to_pyerr)?),
-            _ => None,
-        });
-    }
-    let given = out_list(name, out, outputs.len())?;
-    let mut results: Vec<Arc<Tensor>> = Vec::with_capacity(outputs.len());
-    for (k, meta) in outputs.iter().enumerate() {
-        match &given {
-            Some(given) => {
-                let target = as_out_tensor(name, &given[k])?;
-                if target.read_only {
-                    return Err(argument_error(format!("{name}: out is read-only")));
-                }
-                let t = &target.inner;
-                if t.shape() != meta.shape.as_slice() {
-                    return Err(shape_error(format!(
-                        "{name}: expected out of shape {:?}, got {:?}",
-                        meta.shape,
-                        t.shape()
-                    )));
-                }
-                if t.dtype() != meta.dtype {
-                    return Err(dtype_error(format!(
-                        "{name}: expected out of dtype {}, got {}",
-                        meta.dtype,
-                        t.dtype()
-                    )));
-                }
-                if !t.is_contiguous() {
-                    return Err(argument_error(format!("{name}: expected a contiguous out")));
-                }
-                results.push(Arc::clone(t));
-            }
-            None => results.push(Arc::new(
-                py.detach(|| Tensor::empty(ctx, &meta.shape, meta.dtype, stream.id())).map_err(to_pyerr)?,
-            )),
-        }
-    }
-    // An output overlapping an input (other than an exact in-place alias) is computed aside.
-    let views: Vec<Option<TensorView>> = inputs.iter().map(|t| t.as_ref().map(|t| TensorView::of_tensor(t))).collect();
-    let mut targets: Vec<Arc<Tensor>> = Vec::with_capacity(results.len());
-    for result in &results {
-        let view = TensorView::of_tensor(result);
-        let clash = views.iter().flatten().any(|v| {
-            overlap(v.byte_span(), view.byte_span()) != Overlap::Disjoint && !(entry.op.in_place_ok() && *v == view)
-        });
-        targets.push(if clash {
-            Arc::new(py.detach(|| Tensor::empty(ctx, result.shape(), result.dtype(), stream.id())).map_err(to_pyerr)?)
-        } else {
-            Arc::clone(result)
-        });
-    }
-    let out_views: Vec<TensorView> = targets.iter().map(|t| TensorView::of_tensor(t)).collect();
-    check_outputs_disjoint(name, &out_views)?;
-    let guard = entry.enter();
-    let attrs = call.attrs.clone();
-    let reads: Vec<&Tensor> = inputs.iter().flatten().map(|t| t.as_ref()).collect();
-    let writes: Vec<&Tensor> = targets.iter().map(|t| t.as_ref()).collect();
-    Tensor::launch(
-        &stream,
-        &reads,
-        &writes,
-        Box::new(move || {
-            // The guard lives until the kernel has run: an unload waits for it.
-            guard.entry().op.run_cpu(&views, &out_views, &attrs).map_err(|e| e.to_string())
-        }),
-    )
-    .map_err(to_pyerr)?;
-    for (result, target) in results.iter().zip(&targets) {
-        if !Arc::ptr_eq(result, target) {
-            opbridge_ops::copy_tensor(target, result, &stream).map_err(to_pyerr)?;
-        }
-    }
+    let attrs = &call.attrs;
+    // Detached: allocating may wait for streams whose host functions need the GIL.
+    let results = py
+        .detach(|| dispatch::launch(entry, attrs, &inputs, outs.as_deref(), &stream, ctx.pool()))
+        .map_err(to_pyerr)?;
     let mut returned: Vec<Bound<'py, PyAny>> = match &given {
         Some(given) => given.clone(),
         None => {
@@ -451,6 +355,123 @@ fn call_tensor<'py>(
         py.detach(|| stream.synchronize()).map_err(to_pyerr)?;
     }
     Ok(if returned.len() == 1 { returned.remove(0) } else { PyTuple::new(py, returned)?.into_any() })
+}
+
+/// A call after binding: the numpy path, or the tensor path when any argument is a `Tensor`.
+fn dispatch_call<'py>(
+    py: Python<'py>,
+    entry: &Arc<Entry>,
+    call: BoundCall<'py>,
+    out: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    if is_tensor_call(&call, out) {
+        call_tensor(py, entry, call, out)
+    } else {
+        call_host(py, entry, call, out)
+    }
+}
+
+/// A built-in operator version, looked up once: `ob.vector_add` and `ob.matmul` call exactly it
+/// (built-ins are never unregistered from the default registry).
+fn pinned(cell: &'static OnceLock<Arc<Entry>>, name: &str, version: u32) -> PyResult<&'static Arc<Entry>> {
+    if let Some(entry) = cell.get() {
+        return Ok(entry);
+    }
+    let entry = registry().get(name, Some(version)).map_err(to_pyerr)?;
+    Ok(cell.get_or_init(|| entry))
+}
+
+/// A two-operand call of a pinned operator, without the tuple a callable object would cost
+/// (`Op.__call__` receives one from CPython; a function with a fixed signature does not).
+fn call_two<'py>(
+    py: Python<'py>,
+    entry: &Arc<Entry>,
+    a: &Bound<'py, PyAny>,
+    b: &Bound<'py, PyAny>,
+    out: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    if let Some(lane) = entry.op.lane() {
+        if let Some(result) = try_lane(py, entry, lane, [a, b].into_iter(), out)? {
+            return Ok(result);
+        }
+    }
+    let attrs = entry.schema().bind_attrs(std::iter::empty::<(&str, AttrValue)>()).map_err(to_pyerr)?;
+    // Both operands are present whatever they are (`None` is refused as an array, as numpy
+    // would refuse it), so the error is about the argument, not a missing one.
+    let call = BoundCall { inputs: Few::from_iter([Some(a.clone()), Some(b.clone())]), attrs };
+    dispatch_call(py, entry, call, out)
+}
+
+/// Elementwise sum of two arrays of the same shape.
+///
+/// Args:
+///     a: numpy array (or anything numpy converts, or an ``opbridge.Tensor``).
+///     b: same shape as ``a``. dtypes float16, float32, float64, int32, int64; the result dtype
+///         is numpy's for ``a + b``.
+///     out: optional output: a writeable, C-contiguous array of the result's shape and dtype.
+///         It may be ``a`` or ``b`` itself (in-place).
+///
+/// Returns:
+///     A new array (or ``out``). With ``Tensor`` arguments, a ``Tensor`` enqueued on the
+///     current stream; the call returns at once (a numpy argument beside a ``Tensor`` is
+///     copied first, so it may change as soon as the call returns).
+///
+/// Raises:
+///     ShapeError: shapes differ, or ``out`` has the wrong shape.
+///     DTypeError: an unsupported dtype, or ``out`` of the wrong dtype.
+///     ArgumentError: ``out`` is read-only or not C-contiguous.
+///
+/// The registered operator ``vector_add`` version 1 (``ob.ops.get("vector_add", version=1)``),
+/// called through a fixed signature. Non-contiguous, byte-swapped or mixed-dtype inputs are
+/// copied once (by numpy) before the kernel runs; contiguous native inputs are read in place.
+/// The GIL is released for inputs of 64 KiB and more, and inputs of 128K elements and more use
+/// all cores.
+///
+/// Example:
+///     >>> import numpy as np, opbridge as ob
+///     >>> a = np.arange(4, dtype=np.float32)
+///     >>> ob.vector_add(a, np.ones_like(a))
+///     array([1., 2., 3., 4.], dtype=float32)
+#[pyfunction]
+#[pyo3(signature = (a, b, out=None))]
+pub fn vector_add<'py>(
+    py: Python<'py>,
+    a: &Bound<'py, PyAny>,
+    b: &Bound<'py, PyAny>,
+    out: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    static ENTRY: OnceLock<Arc<Entry>> = OnceLock::new();
+    call_two(py, pinned(&ENTRY, "vector_add", 1)?, a, b, out)
+}
+
+/// Matrix product of two 2-D float arrays: ``(m, k) @ (k, n) -> (m, n)``.
+///
+/// Args:
+///     a, b: 2-D arrays of float16, float32 or float64 (mixed dtypes promote as numpy does);
+///         any strides (transposed views are read in place).
+///     out: optional writeable C-contiguous ``(m, n)`` array of the result dtype; it may
+///         overlap the inputs (the product is then computed aside and copied in).
+///
+/// The registered operator ``matmul`` version 1 (``ob.ops.matmul`` is version 2, numpy's ``@``
+/// with batches), called through a fixed signature. Uses a packed SIMD GEMM (the ``gemm``
+/// crate) on all cores for large products; float16 accumulates in float32. The GIL is released
+/// while it runs.
+///
+/// Example:
+///     >>> import numpy as np, opbridge as ob
+///     >>> ob.matmul(np.eye(2, dtype=np.float32), np.ones((2, 3), np.float32))
+///     array([[1., 1., 1.],
+///            [1., 1., 1.]], dtype=float32)
+#[pyfunction]
+#[pyo3(signature = (a, b, out=None))]
+pub fn matmul<'py>(
+    py: Python<'py>,
+    a: &Bound<'py, PyAny>,
+    b: &Bound<'py, PyAny>,
+    out: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    static ENTRY: OnceLock<Arc<Entry>> = OnceLock::new();
+    call_two(py, pinned(&ENTRY, "matmul", 1)?, a, b, out)
 }
 
 #[pymethods]
@@ -509,16 +530,12 @@ impl PyOp {
         kwargs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         if let (None, Some(lane)) = (kwargs, self.entry.op.lane()) {
-            if let Some(result) = try_lane(py, &self.entry, lane, args, out)? {
+            if let Some(result) = try_lane(py, &self.entry, lane, args.iter_borrowed(), out)? {
                 return Ok(result);
             }
         }
         let call = bind(&self.entry, args, kwargs)?;
-        if is_tensor_call(&call, out) {
-            call_tensor(py, &self.entry, call, out)
-        } else {
-            call_host(py, &self.entry, call, out)
-        }
+        dispatch_call(py, &self.entry, call, out)
     }
 
     fn __repr__(&self) -> String {

@@ -120,9 +120,19 @@ impl PyStream {
                 if !crate::ffi::interpreter_alive() {
                     // Leak the callable: dropping a Python object needs a live interpreter.
                     std::mem::forget(func);
-                    return Err("host function skipped: the Python interpreter has shut down".into());
+                    return Err(opbridge_runtime::AsyncError::new(
+                        opbridge_runtime::ErrorKind::Device,
+                        "host function skipped: the Python interpreter has shut down",
+                    ));
                 }
-                Python::attach(|py| func.call0(py).map(drop).map_err(|e| format!("host function raised {e}")))
+                Python::attach(|py| {
+                    func.call0(py).map(drop).map_err(|e| {
+                        opbridge_runtime::AsyncError::new(
+                            opbridge_runtime::ErrorKind::Device,
+                            format!("host function raised {e}"),
+                        )
+                    })
+                })
             }))
             .map_err(to_pyerr)
     }
