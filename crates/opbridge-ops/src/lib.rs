@@ -15,7 +15,8 @@ pub mod tuning;
 pub mod view;
 
 pub use error::{OpError, Result};
-pub use kernels::elementwise::{Alias, PARALLEL_MIN_ELEMS};
+pub use kernels::elementwise::Alias;
+pub use kernels::thresholds::ELEMENTWISE_PARALLEL_MIN_ELEMS as PARALLEL_MIN_ELEMS;
 pub use registry::{Entry, Operator, Registry, Source};
 pub use schema::{AttrValue, Attrs, Meta, Schema};
 pub use tensor_ops::{contiguous, copy_tensor, matmul, vector_add};

@@ -11,6 +11,7 @@ pub mod matmul;
 pub mod nn;
 pub mod reduce;
 pub mod streaming;
+pub mod thresholds;
 pub mod unary;
 
 use half::f16;

@@ -26,12 +26,8 @@ use opbridge_runtime::DType;
 use rayon::prelude::*;
 
 use super::reduce::{avx2_multiversion, normalize_axis, offsets_at};
+use super::thresholds::NN_PARALLEL_MIN_ELEMS;
 use crate::view::TensorView;
-
-/// Below this many elements a call stays on the calling thread. These kernels do several
-/// passes and an `exp` per element, so they pay for a second thread sooner than memory-bound
-/// adds; an initial value, to be recalibrated.
-pub const NN_PARALLEL_MIN_ELEMS: usize = 1 << 15;
 
 /// Elements per parallel task (whole rows).
 const TASK_ELEMS: usize = 1 << 14;

@@ -24,11 +24,8 @@ use opbridge_runtime::DType;
 use rayon::prelude::*;
 use smallvec::SmallVec;
 
+use super::thresholds::REDUCE_PARALLEL_MIN_ELEMS;
 use crate::view::TensorView;
-
-/// Below this many input elements a reduction stays on the calling thread. An initial value of
-/// the same order as the elementwise threshold (both are memory-bound); to be recalibrated.
-pub const REDUCE_PARALLEL_MIN_ELEMS: usize = 1 << 17;
 
 /// Elements summed in lanes before the pairwise tree takes over (numpy's `PW_BLOCKSIZE`).
 const BLOCK: usize = 128;

@@ -14,18 +14,9 @@ use half::f16;
 use opbridge_runtime::DType;
 
 use super::broadcast::{self, StridedLoop};
+use super::thresholds;
 use super::Element;
 use crate::view::TensorView;
-
-/// Default for `tuning::transcendental_parallel_min()`. Vectorized exp/tanh cost well under a
-/// nanosecond per element, so waking the pool (5–20 µs on the project's loaded 2-core machine)
-/// pays off only from about this size (`calibrate`, timing `tanh`, measured 64K–128K there).
-pub const TRANSCENDENTAL_PARALLEL_MIN_ELEMS: usize = 1 << 17;
-
-/// The parallel threshold of compute-bound kernels (calibrated).
-pub(crate) fn transcendental_parallel_min() -> usize {
-    crate::tuning::transcendental_parallel_min()
-}
 
 /// Float math in the type an element computes in: `f32` for float16 and float32, `f64` for
 /// float64.
@@ -952,11 +943,11 @@ impl UnaryOp {
     }
 
     /// Where the op goes parallel: memory-bound ops at the calibrated elementwise threshold,
-    /// compute-bound ones at most at `TRANSCENDENTAL_PARALLEL_MIN_ELEMS`.
+    /// compute-bound ones at the calibrated transcendental threshold.
     fn parallel_min(self) -> usize {
         match self {
-            UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Relu | UnaryOp::Sqrt => crate::tuning::elementwise_parallel_min(),
-            _ => transcendental_parallel_min(),
+            UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Relu | UnaryOp::Sqrt => thresholds::elementwise_parallel_min(),
+            _ => thresholds::transcendental_parallel_min(),
         }
     }
 }
@@ -1551,6 +1542,7 @@ mod tests {
 
     use super::*;
     use crate::kernels::broadcast::testing::*;
+    use crate::kernels::thresholds::TRANSCENDENTAL_PARALLEL_MIN_ELEMS;
     use crate::PARALLEL_MIN_ELEMS;
 
     /// Reference formulas, straight from the definitions, in float64.
