@@ -15,8 +15,8 @@ use half::f16;
 use opbridge_runtime::DType;
 
 use super::broadcast::{self, StridedLoop};
+use super::math::{FloatElement, IntElement, Real};
 use super::thresholds;
-use super::unary::{FloatElement, IntElement, Real};
 use super::Element;
 use crate::view::TensorView;
 

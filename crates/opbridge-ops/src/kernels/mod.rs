@@ -7,6 +7,7 @@ pub mod broadcast;
 pub mod cast;
 pub mod elementwise;
 pub mod embedding;
+pub(crate) mod math;
 pub mod matmul;
 pub mod nn;
 pub mod reduce;

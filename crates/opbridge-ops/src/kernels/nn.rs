@@ -17,7 +17,7 @@
 //! other layouts gather each row into a scratch buffer and scatter the result.
 #![allow(unsafe_code)]
 
-use super::unary::exp_f32;
+use super::math::exp_f32;
 use std::ops::{Add, Mul, Sub};
 
 use half::f16;
