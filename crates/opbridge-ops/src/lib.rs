@@ -3,8 +3,8 @@
 //! (the synchronous numpy path, driven by the bindings).
 
 mod builtins;
+pub mod cpu;
 pub mod error;
-pub mod kernels;
 mod memo;
 pub mod native;
 pub mod plugin;
@@ -14,9 +14,9 @@ mod tensor_ops;
 pub mod tuning;
 pub mod view;
 
+pub use cpu::elementwise::Alias;
+pub use cpu::thresholds::ELEMENTWISE_PARALLEL_MIN_ELEMS as PARALLEL_MIN_ELEMS;
 pub use error::{OpError, Result};
-pub use kernels::elementwise::Alias;
-pub use kernels::thresholds::ELEMENTWISE_PARALLEL_MIN_ELEMS as PARALLEL_MIN_ELEMS;
 pub use registry::{Entry, Operator, Registry, Source};
 pub use schema::{AttrValue, Attrs, Meta, Schema};
 pub use tensor_ops::{contiguous, copy_tensor, matmul, vector_add};
@@ -52,8 +52,8 @@ pub fn check_matmul(
 ) -> Result<(usize, usize, usize, DType)> {
     const OP: &str = "matmul";
     for (name, (dtype, _)) in [("a", a), ("b", b)] {
-        if !kernels::matmul::MATMUL_DTYPES.contains(&dtype) {
-            return Err(OpError::unsupported_dtype(OP, &kernels::matmul::MATMUL_DTYPES, format!("{dtype} for {name}")));
+        if !cpu::matmul::MATMUL_DTYPES.contains(&dtype) {
+            return Err(OpError::unsupported_dtype(OP, &cpu::matmul::MATMUL_DTYPES, format!("{dtype} for {name}")));
         }
     }
     let (&[m, k], &[k2, n]) = (a.1, b.1) else {

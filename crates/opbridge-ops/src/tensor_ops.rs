@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use opbridge_runtime::{DType, DeviceContext, Stream, Tensor};
 
+use crate::cpu::{cast, elementwise, matmul as mm};
 use crate::error::{OpError, Result};
-use crate::kernels::{cast, elementwise, matmul as mm};
 use crate::view::TensorView;
 use crate::{check_matmul, check_vector_add, overlap, Alias, Overlap};
 

@@ -1,5 +1,5 @@
 //! Calibration of the dispatch thresholds: where work moves from one thread to all cores.
-//! The thresholds, their defaults and `get`/`set` live in `kernels::thresholds`, a leaf the
+//! The thresholds, their defaults and `get`/`set` live in `cpu::thresholds`, a leaf the
 //! kernels read (re-exported here, the public API); this module sits above the kernels because
 //! `calibrate` times them, re-measuring on the user's machine the thresholds whose defaults
 //! were measured on the project's 2-core machine. The Python package saves the result in a
@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 
 use opbridge_runtime::DType;
 
-use crate::kernels::unary::{self, UnaryOp};
-use crate::kernels::{elementwise, matmul as mm};
+use crate::cpu::unary::{self, UnaryOp};
+use crate::cpu::{elementwise, matmul as mm};
 
-pub use crate::kernels::thresholds::{defaults, get, set, Thresholds};
+pub use crate::cpu::thresholds::{defaults, get, set, Thresholds};
 
 /// Best time of `f` over a few runs lasting at least `budget` in all.
 fn best_of(budget: Duration, mut f: impl FnMut()) -> Duration {

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use numpy::PyUntypedArrayMethods;
-use opbridge_ops::kernels::{elementwise, matmul as mm};
+use opbridge_ops::cpu::{elementwise, matmul as mm};
 use opbridge_ops::{check_matmul, check_vector_add, overlap, Alias, Overlap, ADD_DTYPES};
 use opbridge_runtime::{DType, DeviceContext};
 use pyo3::prelude::*;

@@ -152,7 +152,7 @@ fn run<S: Element, D: FromFloat>(lp: &StridedLoop<2>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::broadcast::testing::*;
+    use crate::cpu::broadcast::testing::*;
     use crate::PARALLEL_MIN_ELEMS;
 
     /// Source data: fractional values of both signs, specials and out-of-range values for

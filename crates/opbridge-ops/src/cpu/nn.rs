@@ -515,7 +515,7 @@ pub unsafe fn rms_norm(x: &TensorView, weight: Option<&TensorView>, eps: f64, ou
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::Element;
+    use crate::cpu::Element;
 
     /// Deterministic values in [-2.75, 2.75].
     fn data<T: Element>(n: usize, seed: usize) -> Vec<T> {

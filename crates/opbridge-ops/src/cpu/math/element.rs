@@ -6,7 +6,7 @@
 use half::f16;
 
 use super::Real;
-use crate::kernels::Element;
+use crate::cpu::Element;
 
 /// A float element: widened to its compute type, rounded back once.
 pub(crate) trait FloatElement: Element {

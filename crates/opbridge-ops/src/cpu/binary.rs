@@ -255,7 +255,7 @@ fn run_int<T: IntElement>(op: BinaryOp, lp: &StridedLoop<3>, min: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::broadcast::testing::*;
+    use crate::cpu::broadcast::testing::*;
     use crate::PARALLEL_MIN_ELEMS;
 
     fn reference_float(op: BinaryOp, a: f64, b: f64) -> f64 {

@@ -8,7 +8,7 @@ use rayon::prelude::*;
 
 use super::reducers::Reducer;
 use super::{offsets_at, COLS, GATHER, LANES, PIECE};
-use crate::kernels::thresholds::REDUCE_PARALLEL_MIN_ELEMS;
+use crate::cpu::thresholds::REDUCE_PARALLEL_MIN_ELEMS;
 
 /// A validated reduction: addresses, the shape and strides of `x`, the strides of `out` along
 /// each dimension of `x` (0 where reduced), and which dimensions are reduced.

@@ -3,8 +3,8 @@
 //! numpy's special values and result dtypes, and the argument errors.
 
 use super::*;
-use crate::kernels::broadcast::testing::*;
-use crate::kernels::thresholds::TRANSCENDENTAL_PARALLEL_MIN_ELEMS;
+use crate::cpu::broadcast::testing::*;
+use crate::cpu::thresholds::TRANSCENDENTAL_PARALLEL_MIN_ELEMS;
 use crate::PARALLEL_MIN_ELEMS;
 
 /// Reference formulas, straight from the definitions, in float64.

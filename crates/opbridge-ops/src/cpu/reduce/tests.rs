@@ -3,7 +3,7 @@
 //! parallel path, NaN and inf, empty reductions, numpy's errors and accuracy of the sums.
 
 use super::*;
-use crate::kernels::Element;
+use crate::cpu::Element;
 
 /// Deterministic test data: small integers (exact in every dtype), some negative.
 fn data<T: Element>(n: usize, seed: usize) -> Vec<T> {
