@@ -24,25 +24,23 @@ pub const MATMUL_PARALLEL_MIN_FLOPS: usize = 1 << 18;
 /// measured 64K–128K there).
 pub const TRANSCENDENTAL_PARALLEL_MIN_ELEMS: usize = 1 << 17;
 
-/// Batched matmul (`batched::batched_matmul`): from this many multiply-adds in all, a call of
-/// many small products runs whole batches in parallel, one thread each, grouped into tasks of
-/// about this many multiply-adds; the int32/int64 kernel splits one product into parallel row
-/// blocks from this size. Fixed, not calibrated: the kernel was written reading the
-/// 2-D matmul default, [`MATMUL_PARALLEL_MIN_FLOPS`], as a constant, never the calibrated
-/// [`matmul_parallel_min`]; `calibrate()` times one float32 `gemm` call, which measures neither
-/// the batch grouping nor the int kernel. Following the calibrated value would change how
-/// batched calls split after `calibrate()` or `set`, so it stays equal to the 2-D default until
-/// it is measured on its own.
+/// Batched matmul (`batched::batched_matmul`): from this many multiply-adds in all, a call of many
+/// small products runs whole batches in parallel, one thread each, grouped into tasks of about this
+/// many multiply-adds; the int32/int64 kernel splits one product into parallel row blocks from this
+/// size. Fixed, not calibrated: the kernel was written reading the 2-D matmul default,
+/// [`MATMUL_PARALLEL_MIN_FLOPS`], as a constant, never the calibrated [`matmul_parallel_min`];
+/// `calibrate()` times one float32 `gemm` call, which measures neither the batch grouping nor the
+/// int kernel. Following the calibrated value would change how batched calls split after
+/// `calibrate()` or `set`, so it stays equal to the 2-D default until it is measured on its own.
 pub const BATCHED_MATMUL_PARALLEL_MIN_FLOPS: usize = MATMUL_PARALLEL_MIN_FLOPS;
 
-/// Reductions (`reduce`): below this many input elements a reduction stays on the calling
-/// thread. Fixed, not calibrated: an initial value of the same order as the elementwise default
-/// (both are memory-bound), chosen when the kernel was written ("to be
-/// recalibrated"). It does not follow the calibrated [`elementwise_parallel_min`] because it
-/// also decides how a float sum is associated (one pairwise tree over the whole line below it,
-/// fixed pieces combined in a balanced tree above it), so it can change a result's rounding;
-/// tied to a per-machine measurement, float sums would differ between machines, which the
-/// reductions' fixed piece size exists to avoid.
+/// Reductions (`reduce`): below this many input elements a reduction stays on the calling thread.
+/// Fixed, not calibrated: an initial value of the same order as the elementwise default (both are
+/// memory-bound), chosen when the kernel was written ("to be recalibrated"). It does not follow the
+/// calibrated [`elementwise_parallel_min`] because it also decides how a float sum is associated
+/// (one pairwise tree over the whole line below it, fixed pieces combined in a balanced tree above
+/// it), so it can change a result's rounding; tied to a per-machine measurement, float sums would
+/// differ between machines, which the reductions' fixed piece size exists to avoid.
 pub const REDUCE_PARALLEL_MIN_ELEMS: usize = 1 << 17;
 
 /// `embedding_bag`: below this many gathered elements (indices x embedding dim) a call stays on
@@ -51,10 +49,10 @@ pub const REDUCE_PARALLEL_MIN_ELEMS: usize = 1 << 17;
 pub const EMBEDDING_PARALLEL_MIN_ELEMS: usize = 1 << 15;
 
 /// Row kernels of `nn` (softmax, log_softmax, layer_norm, rms_norm): below this many elements a
-/// call stays on the calling thread. Fixed, not calibrated: these kernels do several passes and
-/// an `exp` per element, so they pay for a second thread sooner than memory-bound adds; an
-/// initial value chosen when the kernel was written ("to be recalibrated"), which no
-/// benchmark or `calibrate()` step measures yet.
+/// call stays on the calling thread. Fixed, not calibrated: these kernels do several passes and an
+/// `exp` per element, so they pay for a second thread sooner than memory-bound adds; an initial
+/// value chosen when the kernel was written ("to be recalibrated"), which no benchmark or
+/// `calibrate()` step measures yet.
 pub const NN_PARALLEL_MIN_ELEMS: usize = 1 << 15;
 
 /// Elementwise kernels with at least this many elements use all cores.
