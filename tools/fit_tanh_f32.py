@@ -1,5 +1,5 @@
 """Fits the coefficient table `TANH_F32_ROWS` of the AVX-512 float32 tanh kernel in
-crates/opbridge-ops/src/kernels/unary.rs (see the doc comment there for the scheme).
+crates/opbridge-ops/src/cpu/math/x86_avx512.rs (see the doc comment there for the scheme).
 
     python tools/fit_tanh_f32.py [max_degree, default 5] > rows.txt
 

@@ -19,8 +19,8 @@ use std::sync::Arc;
 
 use opbridge_runtime::{Allocate, DType, Stream, Tensor};
 
+use crate::cpu::cast;
 use crate::error::{OpError, Result};
-use crate::kernels::cast;
 use crate::registry::Entry;
 use crate::schema::{Attrs, Meta};
 use crate::view::{overlap, Overlap, TensorView};

@@ -4,9 +4,9 @@
 //! the server both stand on this crate.
 
 pub mod builtins;
+pub mod cpu;
 pub mod dispatch;
 pub mod error;
-pub mod kernels;
 mod memo;
 pub mod native;
 pub mod plugin;
@@ -16,9 +16,9 @@ pub mod tuning;
 pub mod view;
 
 pub use builtins::{global, register_builtins};
+pub use cpu::thresholds::ELEMENTWISE_PARALLEL_MIN_ELEMS as PARALLEL_MIN_ELEMS;
 pub use dispatch::Plan;
 pub use error::{ErrorKind, OpError, Result};
-pub use kernels::elementwise::PARALLEL_MIN_ELEMS;
 pub use registry::{Entry, Operator, Registry, Source};
 pub use schema::{AttrValue, Attrs, Meta, Schema};
 pub use view::{overlap, Overlap, TensorView};

@@ -1,66 +1,19 @@
-//! Dispatch thresholds: where work moves from one thread to all cores. Defaults were measured on
-//! the project's 2-core machine (`benchmarks/bench_vector_add.py --threshold`); `calibrate`
-//! re-measures them on the user's machine, and the Python package saves the result in a
+//! Calibration of the dispatch thresholds: where work moves from one thread to all cores.
+//! The thresholds, their defaults and `get`/`set` live in `cpu::thresholds`, a leaf the
+//! kernels read (re-exported here, the public API); this module sits above the kernels because
+//! `calibrate` times them, re-measuring on the user's machine the thresholds whose defaults
+//! were measured on the project's 2-core machine. The Python package saves the result in a
 //! per-user cache file that later runs load with `set`.
 #![allow(unsafe_code)] // the calibration runs the real kernels on scratch buffers
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use opbridge_runtime::DType;
 
-use crate::kernels::unary::{self, UnaryOp};
-use crate::kernels::{elementwise, matmul as mm};
+use crate::cpu::unary::{self, UnaryOp};
+use crate::cpu::{elementwise, matmul as mm};
 
-/// Elementwise kernels with at least this many elements use all cores.
-static ELEMENTWISE_PARALLEL_MIN: AtomicUsize = AtomicUsize::new(elementwise::PARALLEL_MIN_ELEMS);
-/// Matrix products with at least this many multiply-adds use all cores.
-static MATMUL_PARALLEL_MIN: AtomicUsize = AtomicUsize::new(mm::PARALLEL_MIN_FLOPS);
-/// Compute-bound elementwise kernels (exp, tanh, pow...) with at least this many elements use
-/// all cores.
-static TRANSCENDENTAL_PARALLEL_MIN: AtomicUsize = AtomicUsize::new(unary::TRANSCENDENTAL_PARALLEL_MIN_ELEMS);
-
-/// The thresholds in force.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Thresholds {
-    pub elementwise_parallel_min_elems: usize,
-    pub matmul_parallel_min_flops: usize,
-    pub transcendental_parallel_min_elems: usize,
-}
-
-pub fn elementwise_parallel_min() -> usize {
-    ELEMENTWISE_PARALLEL_MIN.load(Ordering::Relaxed)
-}
-
-pub fn matmul_parallel_min() -> usize {
-    MATMUL_PARALLEL_MIN.load(Ordering::Relaxed)
-}
-
-pub fn transcendental_parallel_min() -> usize {
-    TRANSCENDENTAL_PARALLEL_MIN.load(Ordering::Relaxed)
-}
-
-pub fn get() -> Thresholds {
-    Thresholds {
-        elementwise_parallel_min_elems: elementwise_parallel_min(),
-        matmul_parallel_min_flops: matmul_parallel_min(),
-        transcendental_parallel_min_elems: transcendental_parallel_min(),
-    }
-}
-
-pub fn set(t: Thresholds) {
-    ELEMENTWISE_PARALLEL_MIN.store(t.elementwise_parallel_min_elems.max(1), Ordering::Relaxed);
-    MATMUL_PARALLEL_MIN.store(t.matmul_parallel_min_flops.max(1), Ordering::Relaxed);
-    TRANSCENDENTAL_PARALLEL_MIN.store(t.transcendental_parallel_min_elems.max(1), Ordering::Relaxed);
-}
-
-pub fn defaults() -> Thresholds {
-    Thresholds {
-        elementwise_parallel_min_elems: elementwise::PARALLEL_MIN_ELEMS,
-        matmul_parallel_min_flops: mm::PARALLEL_MIN_FLOPS,
-        transcendental_parallel_min_elems: unary::TRANSCENDENTAL_PARALLEL_MIN_ELEMS,
-    }
-}
+pub use crate::cpu::thresholds::{defaults, get, set, Thresholds};
 
 /// Best time of `f` over a few runs lasting at least `budget` in all.
 fn best_of(budget: Duration, mut f: impl FnMut()) -> Duration {

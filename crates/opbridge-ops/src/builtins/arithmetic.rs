@@ -7,13 +7,13 @@ use std::sync::Arc;
 use opbridge_plugin_sdk::{Attr, Attrs, DType, InPlace, InputDtypesFn, Inputs, Meta, Op, Tensor, TensorMut};
 
 use super::{kernel, promote_both, OpResult, IN_PLACE_OK};
-use crate::error::{OpError, Result};
-use crate::kernels::binary::{
+use crate::cpu::binary::{
     axpy as axpy_kernel, binary, binary_contiguous, binary_lane_accepts, binary_result_dtype, BinaryOp,
 };
-use crate::kernels::broadcast::broadcast_shapes;
-use crate::kernels::cast::cast_view;
-use crate::kernels::unary::{unary, unary_contiguous, unary_lane_accepts, unary_result_dtype, UnaryOp};
+use crate::cpu::broadcast::broadcast_shapes;
+use crate::cpu::cast::cast_view;
+use crate::cpu::unary::{unary, unary_contiguous, unary_lane_accepts, unary_result_dtype, UnaryOp};
+use crate::error::{OpError, Result};
 use crate::native::{self, view, view_mut};
 use crate::registry::Operator;
 use crate::view::TensorView;

@@ -8,9 +8,9 @@ use std::sync::{Arc, OnceLock};
 
 use opbridge_plugin_sdk::{Attrs, DType, InPlace, Inputs, Meta, Op, Tensor, TensorMut};
 
+use crate::cpu::elementwise::{self, Alias};
+use crate::cpu::matmul as mm;
 use crate::error::{OpError, Result};
-use crate::kernels::elementwise::{self, Alias};
-use crate::kernels::matmul as mm;
 use crate::native::{self, view, view_mut};
 use crate::registry::{Operator, Registry, Source};
 
@@ -154,7 +154,7 @@ impl Op for VectorAdd {
         if !(a.is_contiguous() && b.is_contiguous()) {
             // SAFETY: views valid per the registry's contract; `out` is disjoint from the
             // inputs or exactly one of them (`IN_PLACE`).
-            return Ok(unsafe { crate::kernels::binary::binary(crate::kernels::binary::BinaryOp::Add, &a, &b, &out) }
+            return Ok(unsafe { crate::cpu::binary::binary(crate::cpu::binary::BinaryOp::Add, &a, &b, &out) }
                 .map_err(kernel("vector_add"))?);
         }
         let alias = alias_of(a.data, b.data, out.data);

@@ -6,11 +6,11 @@ use std::sync::Arc;
 use opbridge_plugin_sdk::{Attr, Attrs, DType, InPlace, InputDtypesFn, Inputs, Meta, Op, Tensor, TensorMut};
 
 use super::{kernel, promote_both, OpResult, IN_PLACE_OK};
+use crate::cpu::batched::{batched_matmul, matmul_shapes};
+use crate::cpu::embedding::{embedding_bag, BagMode};
+use crate::cpu::nn;
+use crate::cpu::reduce::{normalize_axis, reduce, reduce_result_dtype, reduce_shape, ReduceOp};
 use crate::error::{OpError, Result};
-use crate::kernels::batched::{batched_matmul, matmul_shapes};
-use crate::kernels::embedding::{embedding_bag, BagMode};
-use crate::kernels::nn;
-use crate::kernels::reduce::{normalize_axis, reduce, reduce_result_dtype, reduce_shape, ReduceOp};
 use crate::native::{self, view, view_mut};
 use crate::registry::Operator;
 

@@ -18,6 +18,7 @@ use half::f16;
 use opbridge_runtime::DType;
 
 use super::broadcast::{self, StridedLoop};
+use super::thresholds;
 use super::Element;
 use crate::view::TensorView;
 
@@ -129,7 +130,7 @@ pub unsafe fn cast_view(src: &TensorView, dst: &TensorView) -> Result<(), String
 }
 
 fn run<S: Element, D: FromFloat>(lp: &StridedLoop<2>) {
-    let min = crate::tuning::elementwise_parallel_min();
+    let min = thresholds::elementwise_parallel_min();
     if S::DTYPE == D::DTYPE {
         lp.run(min, |[out, x], [so, sx], len| {
             let size = S::DTYPE.size();
@@ -151,7 +152,7 @@ fn run<S: Element, D: FromFloat>(lp: &StridedLoop<2>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::broadcast::testing::*;
+    use crate::cpu::broadcast::testing::*;
     use crate::PARALLEL_MIN_ELEMS;
 
     /// Source data: fractional values of both signs, specials and out-of-range values for

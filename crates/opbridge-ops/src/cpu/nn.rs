@@ -17,7 +17,7 @@
 //! other layouts gather each row into a scratch buffer and scatter the result.
 #![allow(unsafe_code)]
 
-use super::unary::exp_f32;
+use super::math::exp_f32;
 use std::ops::{Add, Mul, Sub};
 
 use half::f16;
@@ -26,12 +26,8 @@ use opbridge_runtime::DType;
 use rayon::prelude::*;
 
 use super::reduce::{avx2_multiversion, normalize_axis, offsets_at};
+use super::thresholds::NN_PARALLEL_MIN_ELEMS;
 use crate::view::TensorView;
-
-/// Below this many elements a call stays on the calling thread. These kernels do several
-/// passes and an `exp` per element, so they pay for a second thread sooner than memory-bound
-/// adds; an initial value, to be recalibrated.
-pub const NN_PARALLEL_MIN_ELEMS: usize = 1 << 15;
 
 /// Elements per parallel task (whole rows).
 const TASK_ELEMS: usize = 1 << 14;
@@ -519,7 +515,7 @@ pub unsafe fn rms_norm(x: &TensorView, weight: Option<&TensorView>, eps: f64, ou
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::Element;
+    use crate::cpu::Element;
 
     /// Deterministic values in [-2.75, 2.75].
     fn data<T: Element>(n: usize, seed: usize) -> Vec<T> {

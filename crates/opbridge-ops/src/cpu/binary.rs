@@ -15,7 +15,8 @@ use half::f16;
 use opbridge_runtime::DType;
 
 use super::broadcast::{self, StridedLoop};
-use super::unary::{transcendental_parallel_min, FloatElement, IntElement, Real};
+use super::math::{FloatElement, IntElement, Real};
+use super::thresholds;
 use super::Element;
 use crate::view::TensorView;
 
@@ -70,9 +71,9 @@ impl BinaryOp {
     /// calibrated elementwise threshold).
     fn parallel_min(self) -> usize {
         if self == BinaryOp::Pow {
-            transcendental_parallel_min()
+            thresholds::transcendental_parallel_min()
         } else {
-            crate::tuning::elementwise_parallel_min()
+            thresholds::elementwise_parallel_min()
         }
     }
 }
@@ -159,7 +160,7 @@ pub unsafe fn axpy(alpha: f64, x: &TensorView, y: &TensorView, out: &TensorView)
         ));
     }
     let lp = broadcast_loop("axpy", x, y, out)?;
-    let min = crate::tuning::elementwise_parallel_min();
+    let min = thresholds::elementwise_parallel_min();
     fn run<T: FloatElement>(alpha: f64, lp: &StridedLoop<3>, min: usize) {
         let alpha = <T::R as Real>::c(alpha);
         run_map(lp, min, move |x: T, y: T| T::down(alpha * x.up() + y.up()));
@@ -254,7 +255,7 @@ fn run_int<T: IntElement>(op: BinaryOp, lp: &StridedLoop<3>, min: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::broadcast::testing::*;
+    use crate::cpu::broadcast::testing::*;
     use crate::PARALLEL_MIN_ELEMS;
 
     fn reference_float(op: BinaryOp, a: f64, b: f64) -> f64 {

@@ -14,12 +14,9 @@ use opbridge_runtime::DType;
 use rayon::prelude::*;
 
 use super::reduce::avx2_multiversion;
+use super::thresholds::EMBEDDING_PARALLEL_MIN_ELEMS;
 use super::Element;
 use crate::view::TensorView;
-
-/// Below this many gathered elements (indices x embedding dim) a call stays on the calling
-/// thread; an initial value, to be recalibrated.
-pub const EMBEDDING_PARALLEL_MIN_ELEMS: usize = 1 << 15;
 
 /// Gathered elements per parallel task (whole bags).
 const TASK_ELEMS: usize = 1 << 14;

@@ -1,16 +1,12 @@
 //! Elementwise binary kernels. Memory-bound: one thread saturates most of a core's bandwidth,
-//! so both cores are used only above `PARALLEL_MIN_ELEMS` (measured, see benchmarks/).
+//! so both cores are used only above `thresholds::elementwise_parallel_min()` (calibrated; the
+//! default was measured, see benchmarks/).
 #![allow(unsafe_code)]
 
 use rayon::prelude::*;
 
-use super::{streaming, Element};
+use super::{streaming, thresholds, Element};
 use opbridge_runtime::DType;
-
-/// Default for `tuning::elementwise_parallel_min()`: below this many elements a call stays on
-/// the calling thread, as waking the pool costs more than the second core's share of the
-/// bandwidth gives back (measured with `benchmarks/bench_vector_add.py --threshold`).
-pub const PARALLEL_MIN_ELEMS: usize = 1 << 17;
 
 /// Elements per parallel task: a few tasks per core balance the load; more only add
 /// scheduling (memory-bound work gains nothing from finer splits).
@@ -116,7 +112,7 @@ pub unsafe fn add(dtype: DType, a: *const u8, b: *const u8, out: *mut u8, n: usi
         unsafe { add_streaming_parallel(dtype, a, b, out, n) };
         return;
     }
-    let parallel = n >= crate::tuning::elementwise_parallel_min();
+    let parallel = n >= thresholds::elementwise_parallel_min();
     crate::with_dtype!(dtype, T => {
         // SAFETY: forwarded from the caller's contract.
         unsafe { add_typed::<T>(a.cast(), b.cast(), out.cast(), n, alias, parallel) }

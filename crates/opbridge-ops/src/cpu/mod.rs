@@ -1,5 +1,10 @@
-//! CPU kernels. Each family works on raw host pointers handed over by the dispatch layer, which
-//! checks shapes, dtypes and aliasing before any kernel runs.
+//! The CPU backend: the host kernels of every built-in operator, one module per family
+//! (`binary`, `unary`, `reduce`, `nn`, `matmul`, `batched`, `embedding`, `cast`, ...), the
+//! vectorized scalar math they share (`math`), their parallel-dispatch thresholds
+//! (`thresholds`), and the element types they are generic over ([`Element`], `with_dtype!`).
+//! Each family works on raw host pointers or views handed over by the dispatch layer, which
+//! checks shapes, dtypes and aliasing before any kernel runs. Other backends (`ascend`, `cuda`)
+//! are meant to stand beside this module.
 
 pub mod batched;
 pub mod binary;
@@ -7,10 +12,12 @@ pub mod broadcast;
 pub mod cast;
 pub mod elementwise;
 pub mod embedding;
+pub(crate) mod math;
 pub mod matmul;
 pub mod nn;
 pub mod reduce;
 pub mod streaming;
+pub mod thresholds;
 pub mod unary;
 
 use half::f16;

@@ -490,7 +490,7 @@ pub(crate) fn has_repeated_elements(view: &TensorView) -> bool {
 #[cfg(test)]
 pub(crate) mod testing {
     use super::*;
-    use crate::kernels::Element;
+    use crate::cpu::Element;
     use opbridge_runtime::DType;
 
     /// How a test view lays out its elements.

@@ -21,8 +21,9 @@ use half::slice::HalfFloatSliceExt;
 use opbridge_runtime::DType;
 use rayon::prelude::*;
 
-use super::matmul::{self, MatRef, PARALLEL_MIN_FLOPS};
+use super::matmul::{self, MatRef};
 use super::reduce::{avx2_multiversion, offsets_at};
+use super::thresholds::BATCHED_MATMUL_PARALLEL_MIN_FLOPS;
 use super::Element;
 use crate::view::TensorView;
 
@@ -204,9 +205,13 @@ pub unsafe fn batched_matmul(a: &TensorView, b: &TensorView, out: &TensorView) -
             }
         }
     };
-    if batches > 1 && flops < PARALLEL_MIN_FLOPS && flops.saturating_mul(batches) >= PARALLEL_MIN_FLOPS {
+    if batches > 1
+        && flops < BATCHED_MATMUL_PARALLEL_MIN_FLOPS
+        && flops.saturating_mul(batches) >= BATCHED_MATMUL_PARALLEL_MIN_FLOPS
+    {
         // Many small products: one thread each, batches in parallel.
-        let per_task = (PARALLEL_MIN_FLOPS / flops.max(1)).clamp(1, batches.div_ceil(rayon::current_num_threads()));
+        let per_task =
+            (BATCHED_MATMUL_PARALLEL_MIN_FLOPS / flops.max(1)).clamp(1, batches.div_ceil(rayon::current_num_threads()));
         let tasks = batches.div_ceil(per_task);
         (0..tasks).into_par_iter().for_each(|t| run_batches(t * per_task..batches.min((t + 1) * per_task), false));
     } else {
@@ -413,7 +418,7 @@ unsafe fn int_matmul<T: IntElement>(m: usize, n: usize, k: usize, a: MatRef, b: 
         }
     };
     let blocks = m.div_ceil(TILE_M);
-    if parallel && blocks > 1 && m.saturating_mul(n).saturating_mul(k) >= PARALLEL_MIN_FLOPS {
+    if parallel && blocks > 1 && m.saturating_mul(n).saturating_mul(k) >= BATCHED_MATMUL_PARALLEL_MIN_FLOPS {
         (0..blocks).into_par_iter().for_each(row_block);
     } else {
         (0..blocks).for_each(row_block);

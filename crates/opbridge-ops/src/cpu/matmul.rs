@@ -4,10 +4,6 @@
 use gemm::Parallelism;
 use opbridge_runtime::DType;
 
-/// Default for `tuning::matmul_parallel_min()`: below this many multiply-adds one thread is
-/// faster than waking the pool.
-pub const PARALLEL_MIN_FLOPS: usize = 1 << 18;
-
 /// A 2-D operand: base pointer and strides in elements (any sign, any order).
 #[derive(Debug, Clone, Copy)]
 pub struct MatRef {
@@ -26,7 +22,7 @@ unsafe impl Send for MatRef {}
 /// Each operand's elements are valid for its shape and strides; `out` is writable, does not
 /// overlap `a` or `b`, and nothing else touches it during the call.
 pub unsafe fn matmul(dtype: DType, m: usize, n: usize, k: usize, a: MatRef, b: MatRef, out: MatRef) {
-    let parallel = m.saturating_mul(n).saturating_mul(k) >= crate::tuning::matmul_parallel_min();
+    let parallel = m.saturating_mul(n).saturating_mul(k) >= super::thresholds::matmul_parallel_min();
     // SAFETY: forwarded from the caller's contract.
     unsafe { matmul_with(dtype, m, n, k, a, b, out, parallel) }
 }

@@ -1,0 +1,358 @@
+//! Elementwise unary kernels with numpy semantics over strided views: the operators, their
+//! result dtypes, and the dispatch of each run to the fastest loop the CPU allows (the scalar
+//! math itself is in `math`; float16 computes in float32 and rounds once, as numpy does).
+//!
+//! dtype rule ([`unary_result_dtype`]): float inputs keep their dtype; on int32/int64, `neg`,
+//! `abs` and `relu` keep the dtype (wrapping: `abs(i32::MIN) == i32::MIN`, as numpy), every
+//! other op returns float64 (numpy's `np.exp(int_array)` is float64). The kernel itself runs
+//! only on `x.dtype == out.dtype == unary_result_dtype(op, x.dtype)`: the caller casts int
+//! inputs to float64 first (see `cast::cast_view`).
+#![allow(unsafe_code)]
+
+use half::f16;
+use opbridge_runtime::DType;
+
+use super::broadcast::{self, StridedLoop};
+use super::math::{erfc_with, FloatElement, Fused, IntElement, Mla, Plain, Real};
+#[cfg(target_arch = "x86_64")]
+use super::math::{exp_f32_avx512, tanh_f32_avx512};
+use super::thresholds;
+use super::Element;
+use crate::view::TensorView;
+
+/// Elementwise unary operators.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    /// `-x` (ints wrap).
+    Neg,
+    /// `|x|` (ints wrap: `abs(MIN) == MIN`).
+    Abs,
+    Exp,
+    /// Natural log: `log(0) = -inf`, `log(x < 0) = nan`.
+    Log,
+    /// `sqrt(x < 0) = nan`.
+    Sqrt,
+    /// `np.maximum(x, 0)`: NaN propagates.
+    Relu,
+    /// `1 / (1 + exp(-x))`, evaluated without overflow for any `x`.
+    Sigmoid,
+    Tanh,
+    /// `0.5 x (1 + erf(x / sqrt 2))`, evaluated as `0.5 x erfc(-x / sqrt 2)` (no cancellation
+    /// for negative `x`).
+    GeluErf,
+    /// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, evaluated as `x sigmoid(2 z)`.
+    GeluTanh,
+    /// `x sigmoid(x)`.
+    Silu,
+}
+
+impl UnaryOp {
+    pub const ALL: [UnaryOp; 11] = [
+        UnaryOp::Neg,
+        UnaryOp::Abs,
+        UnaryOp::Exp,
+        UnaryOp::Log,
+        UnaryOp::Sqrt,
+        UnaryOp::Relu,
+        UnaryOp::Sigmoid,
+        UnaryOp::Tanh,
+        UnaryOp::GeluErf,
+        UnaryOp::GeluTanh,
+        UnaryOp::Silu,
+    ];
+
+    /// The operator's name (`"gelu_erf"`, ...).
+    pub const fn name(self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "neg",
+            UnaryOp::Abs => "abs",
+            UnaryOp::Exp => "exp",
+            UnaryOp::Log => "log",
+            UnaryOp::Sqrt => "sqrt",
+            UnaryOp::Relu => "relu",
+            UnaryOp::Sigmoid => "sigmoid",
+            UnaryOp::Tanh => "tanh",
+            UnaryOp::GeluErf => "gelu_erf",
+            UnaryOp::GeluTanh => "gelu_tanh",
+            UnaryOp::Silu => "silu",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<UnaryOp> {
+        UnaryOp::ALL.into_iter().find(|op| op.name() == name)
+    }
+
+    /// Whether the op is defined on integers in their own dtype (numpy keeps int dtype for
+    /// `negative`, `absolute` and `maximum(x, 0)`).
+    pub const fn keeps_int_dtype(self) -> bool {
+        matches!(self, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Relu)
+    }
+
+    /// Where the op goes parallel: memory-bound ops at the calibrated elementwise threshold,
+    /// compute-bound ones at the calibrated transcendental threshold.
+    fn parallel_min(self) -> usize {
+        match self {
+            UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Relu | UnaryOp::Sqrt => thresholds::elementwise_parallel_min(),
+            _ => thresholds::transcendental_parallel_min(),
+        }
+    }
+}
+
+impl std::fmt::Display for UnaryOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The dtype numpy gives `op(x)` for `x` of `dtype`: floats keep theirs; ints keep theirs for
+/// neg/abs/relu and become float64 for everything else.
+pub fn unary_result_dtype(op: UnaryOp, dtype: DType) -> DType {
+    if dtype.is_float() || op.keeps_int_dtype() {
+        dtype
+    } else {
+        DType::F64
+    }
+}
+
+/// Stable logistic function: `exp` only ever sees `-|x|`, so it never overflows.
+#[inline(always)]
+fn sigmoid<R: Real, M: Mla>(x: R) -> R {
+    let e = (-x.abs()).exp_with::<M>();
+    let r = R::ONE / (R::ONE + e);
+    if x >= R::ZERO {
+        r
+    } else {
+        e * r
+    }
+}
+
+#[inline(always)]
+fn gelu_erf<R: Real, M: Mla>(x: R) -> R {
+    R::HALF * x * erfc_with::<R, M>(-x * R::c(std::f64::consts::FRAC_1_SQRT_2))
+}
+
+#[inline(always)]
+fn gelu_tanh<R: Real, M: Mla>(x: R) -> R {
+    // 0.5 (1 + tanh z) == sigmoid(2 z); 2 sqrt(2/pi) folded into one constant.
+    let k = R::c(2.0 * (2.0 / std::f64::consts::PI).sqrt());
+    x * sigmoid::<R, M>(k * (x + R::c(0.044715) * x * x * x))
+}
+
+/// `out = op(x)`, elementwise over any strides.
+///
+/// Errors (the caller maps them to typed errors): dtypes differ, `op` has no kernel for an int
+/// dtype (cast to `unary_result_dtype(op, x.dtype)` first), `x` does not broadcast to
+/// `out.shape`, or `out` names an element twice (a stride-0 dimension).
+///
+/// # Safety
+/// Every element of `x` (its shape and strides) is readable and every element of `out` is
+/// writable, aligned for the dtype, and nothing else writes them during the call; `out`
+/// either does not overlap `x` or is exactly `x` (same address, shape and strides), and no
+/// two indices of `out` name the same element.
+pub unsafe fn unary(op: UnaryOp, x: &TensorView, out: &TensorView) -> Result<(), String> {
+    if x.dtype != out.dtype {
+        return Err(format!("{op}: input is {} but out is {}", x.dtype, out.dtype));
+    }
+    let x = broadcast::try_broadcast_view(x, &out.shape).map_err(|e| format!("{op}: {e}"))?;
+    if broadcast::has_repeated_elements(out) {
+        return Err(format!("{op}: out has a stride-0 dimension (it names one element several times)"));
+    }
+    // The loop's runs stay inside `out` and `x` (caller's contract), runs
+    // are disjoint in `out`, and `out` is either disjoint from `x` or exactly `x`.
+    run_loop(op, out.dtype, &StridedLoop::new([out, &x]), op.parallel_min())
+}
+
+/// Runs `op` over `lp` (`[out, x]`, both of `dtype`); int dtypes only for the ops that keep
+/// them (an error names the dtype to cast to).
+fn run_loop(op: UnaryOp, dtype: DType, lp: &StridedLoop<2>, min: usize) -> Result<(), String> {
+    match dtype {
+        DType::F16 => run_float::<f16>(op, lp, min),
+        DType::F32 => run_float::<f32>(op, lp, min),
+        DType::F64 => run_float::<f64>(op, lp, min),
+        DType::I32 => run_int::<i32>(op, lp, min)?,
+        DType::I64 => run_int::<i64>(op, lp, min)?,
+    }
+    Ok(())
+}
+
+/// Whether [`unary_contiguous`] serves `op` on `dtype` (the result keeps the dtype).
+pub fn unary_lane_accepts(op: UnaryOp, dtype: DType) -> bool {
+    dtype.is_float() || op.keeps_int_dtype()
+}
+
+/// `out = op(x)` over `len` C-contiguous elements of `dtype`: the elementwise fast lane, with
+/// no views to analyze. Errors as [`unary`] for dtypes that [`unary_lane_accepts`] refuses.
+///
+/// # Safety
+/// `x` is readable and `out` writable for `len` aligned elements of `dtype`, nothing else
+/// writes them during the call, and `out` is either disjoint from `x` or equal to it.
+pub unsafe fn unary_contiguous(op: UnaryOp, dtype: DType, x: usize, out: usize, len: usize) -> Result<(), String> {
+    // SAFETY: forwarded.
+    unsafe { unary_contiguous_with_min(op, dtype, x, out, len, op.parallel_min()) }
+}
+
+/// [`unary_contiguous`] going parallel from `min` elements (what `tuning::calibrate` times).
+///
+/// # Safety
+/// As for [`unary_contiguous`].
+pub(crate) unsafe fn unary_contiguous_with_min(
+    op: UnaryOp,
+    dtype: DType,
+    x: usize,
+    out: usize,
+    len: usize,
+    min: usize,
+) -> Result<(), String> {
+    // The loop is one contiguous run split into chunks: `unary`'s contract for `run_loop`.
+    run_loop(op, dtype, &StridedLoop::flat([out, x], [dtype.size(); 2], len), min)
+}
+
+/// Runs `f` over every run of `lp` (`[out, x]`).
+fn run_map<T: Element>(lp: &StridedLoop<2>, min: usize, f: impl Fn(T) -> T + Copy + Sync) {
+    // SAFETY: `lp` was built over `[out, x]` under `unary`'s contract (see there).
+    lp.run(min, |p, s, len| unsafe { broadcast::unary_run::<T>(p, s, len, f) });
+}
+
+fn run_float<T: FloatElement>(op: UnaryOp, lp: &StridedLoop<2>, min: usize) {
+    // SAFETY: `lp` was built over `[out, x]` under `unary`'s contract: runs stay inside the
+    // views and are disjoint in `out`, and `out` is disjoint from `x` or exactly `x` (so a run
+    // with both strides 1 is one or the other).
+    lp.run(min, |p, s, len| unsafe {
+        if s == [1, 1] {
+            float_contiguous::<T>(op, p[1] as *const T, p[0] as *mut T, len);
+        } else {
+            with_float_op::<T::R, Plain>(op, Strided::<T> { p, s, len, _t: std::marker::PhantomData });
+        }
+    });
+}
+
+/// Takes an op as a closure over its compute type (see [`with_float_op`]).
+trait FloatOpSink<R> {
+    fn run(self, f: impl Fn(R) -> R + Copy);
+}
+
+/// Hands `sink` the closure of `op`, with `a * b + c` evaluated as `M` says.
+#[inline(always)]
+fn with_float_op<R: Real, M: Mla>(op: UnaryOp, sink: impl FloatOpSink<R>) {
+    match op {
+        UnaryOp::Neg => sink.run(|x: R| -x),
+        UnaryOp::Abs => sink.run(|x: R| x.abs()),
+        UnaryOp::Exp => sink.run(|x: R| x.exp_with::<M>()),
+        UnaryOp::Log => sink.run(|x: R| x.log_with::<M>()),
+        UnaryOp::Sqrt => sink.run(|x: R| x.sqrt()),
+        UnaryOp::Relu => sink.run(|x: R| if x.is_nan() || x >= R::ZERO { x } else { R::ZERO }),
+        UnaryOp::Sigmoid => sink.run(sigmoid::<R, M>),
+        UnaryOp::Tanh => sink.run(|x: R| x.tanh_with::<M>()),
+        // Too large for LLVM to inline of its own accord, and the loops need it inlined (for
+        // the target features, FMA included, and to vectorize).
+        UnaryOp::GeluErf => sink.run(
+            #[inline(always)]
+            |x: R| gelu_erf::<R, M>(x),
+        ),
+        UnaryOp::GeluTanh => sink.run(gelu_tanh::<R, M>),
+        UnaryOp::Silu => sink.run(|x: R| x * sigmoid::<R, M>(x)),
+    }
+}
+
+/// One contiguous run; built only by [`float_contiguous`], under its contract.
+struct Contiguous<T> {
+    x: *const T,
+    out: *mut T,
+    len: usize,
+}
+
+impl<T: FloatElement> FloatOpSink<T::R> for Contiguous<T> {
+    #[inline(always)]
+    fn run(self, f: impl Fn(T::R) -> T::R + Copy) {
+        // SAFETY: `float_contiguous`'s contract, which its caller upholds.
+        unsafe { T::map_contiguous(self.x, self.out, self.len, f) }
+    }
+}
+
+/// One strided run of `lp`; built only by `run_float`, under `unary`'s contract.
+struct Strided<T> {
+    p: [usize; 2],
+    s: [isize; 2],
+    len: usize,
+    _t: std::marker::PhantomData<T>,
+}
+
+impl<T: FloatElement> FloatOpSink<T::R> for Strided<T> {
+    fn run(self, f: impl Fn(T::R) -> T::R + Copy) {
+        // SAFETY: a run of `unary`'s loop (see `run_float`).
+        unsafe { broadcast::unary_run::<T>(self.p, self.s, self.len, |x: T| T::down(f(x.up()))) }
+    }
+}
+
+/// `out = op(x)` over one contiguous run, compiled for the best the CPU has: AVX-512 or AVX2
+/// with FMA (fused polynomials), AVX2, or the x86-64 baseline.
+///
+/// # Safety
+/// As for [`FloatElement::map_contiguous`].
+unsafe fn float_contiguous<T: FloatElement>(op: UnaryOp, x: *const T, out: *mut T, len: usize) {
+    #[inline(always)]
+    fn body<T: FloatElement, M: Mla>(op: UnaryOp, x: *const T, out: *mut T, len: usize) {
+        with_float_op::<T::R, M>(op, Contiguous { x, out, len });
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")]
+        fn avx512<T: FloatElement>(op: UnaryOp, x: *const T, out: *mut T, len: usize) {
+            if T::DTYPE == DType::F32 {
+                let kernel: Option<unsafe fn(*const f32, *mut f32, usize)> = match op {
+                    UnaryOp::Tanh => Some(tanh_f32_avx512),
+                    UnaryOp::Exp => Some(exp_f32_avx512),
+                    _ => None,
+                };
+                if let Some(kernel) = kernel {
+                    // SAFETY: `T` is f32 (its dtype says so); the run is as `float_contiguous`'s
+                    // caller promises, and this function runs only on CPUs with the kernels'
+                    // features.
+                    return unsafe { kernel(x.cast(), out.cast(), len) };
+                }
+            }
+            body::<T, Fused>(op, x, out, len)
+        }
+        #[target_feature(enable = "avx2,fma")]
+        fn avx2_fma<T: FloatElement>(op: UnaryOp, x: *const T, out: *mut T, len: usize) {
+            body::<T, Fused>(op, x, out, len)
+        }
+        #[target_feature(enable = "avx2")]
+        fn avx2<T: FloatElement>(op: UnaryOp, x: *const T, out: *mut T, len: usize) {
+            body::<T, Plain>(op, x, out, len)
+        }
+        use std::arch::is_x86_feature_detected as has;
+        if has!("avx512f") && has!("avx512vl") && has!("avx512bw") && has!("avx512dq") && has!("fma") {
+            // SAFETY: the CPU has these features (checked just above).
+            return unsafe { avx512(op, x, out, len) };
+        }
+        if has!("avx2") && has!("fma") {
+            // SAFETY: as above.
+            return unsafe { avx2_fma(op, x, out, len) };
+        }
+        if has!("avx2") {
+            // SAFETY: as above.
+            return unsafe { avx2(op, x, out, len) };
+        }
+    }
+    body::<T, Plain>(op, x, out, len)
+}
+
+fn run_int<T: IntElement>(op: UnaryOp, lp: &StridedLoop<2>, min: usize) -> Result<(), String> {
+    match op {
+        UnaryOp::Neg => run_map(lp, min, T::wrapping_neg),
+        UnaryOp::Abs => run_map(lp, min, T::wrapping_abs),
+        UnaryOp::Relu => run_map(lp, min, |x: T| x.max(T::ZERO)),
+        _ => {
+            return Err(format!(
+                "{op} has no {} kernel: cast the input to {} first (numpy's result dtype)",
+                T::DTYPE,
+                unary_result_dtype(op, T::DTYPE)
+            ))
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;
