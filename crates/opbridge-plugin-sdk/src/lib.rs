@@ -41,8 +41,9 @@
 //! opbridge's own built-in operators implement this same [`Op`] trait; the host registers them
 //! in-process, through the same descriptor validation a loaded library goes through.
 //!
-//! The crate has no dependencies and knows nothing of opbridge's runtime: it speaks only the C
-//! ABI, which it declares itself in [`sys`].
+//! The crate has no third-party dependencies and knows nothing of opbridge's runtime: it speaks
+//! only the C ABI, which it declares itself in [`sys`] (the DLPack part and [`DType`] come from
+//! `opbridge-dtype`, a crate without dependencies).
 
 pub mod sys;
 mod tensor;
@@ -53,6 +54,9 @@ pub mod __private;
 use std::ffi::{c_char, CStr};
 use std::fmt;
 
+/// The element type: `opbridge-dtype`'s, shared with opbridge's runtime (built-in operators and
+/// plugins speak one vocabulary).
+pub use opbridge_dtype::DType;
 pub use tensor::{Element, Tensor, TensorMut, Values};
 
 #[doc(hidden)]
@@ -60,92 +64,6 @@ pub use __private::{describe, Described};
 
 /// The plugin ABI version this crate speaks.
 pub const ABI_VERSION: u32 = sys::OPBRIDGE_PLUGIN_ABI_VERSION;
-
-/// An element type. Names and promotion follow numpy, so results never surprise a numpy user.
-/// opbridge's runtime uses this very type: built-in operators and plugins speak one vocabulary.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum DType {
-    F16,
-    F32,
-    F64,
-    I32,
-    I64,
-}
-
-impl DType {
-    pub const ALL: [DType; 5] = [DType::F16, DType::F32, DType::F64, DType::I32, DType::I64];
-
-    /// numpy's name (`"float32"`, ...).
-    pub const fn name(self) -> &'static str {
-        match self {
-            DType::F16 => "float16",
-            DType::F32 => "float32",
-            DType::F64 => "float64",
-            DType::I32 => "int32",
-            DType::I64 => "int64",
-        }
-    }
-
-    pub fn from_name(name: &str) -> Option<DType> {
-        DType::ALL.into_iter().find(|d| d.name() == name)
-    }
-
-    /// Bytes per element.
-    pub const fn size(self) -> usize {
-        match self {
-            DType::F16 => 2,
-            DType::F32 | DType::I32 => 4,
-            DType::F64 | DType::I64 => 8,
-        }
-    }
-
-    pub const fn is_float(self) -> bool {
-        matches!(self, DType::F16 | DType::F32 | DType::F64)
-    }
-
-    /// The result type of `a + b` under numpy's rules for arrays (NEP 50): the smallest type
-    /// that holds both exactly, with any int mixed with float16 going to float64 the way
-    /// numpy does for int32/int64.
-    pub fn promote(self, other: DType) -> DType {
-        use DType::*;
-        if self == other {
-            return self;
-        }
-        match (self.is_float(), other.is_float()) {
-            (true, true) => self.max(other), // F16 < F32 < F64 in declaration order
-            (false, false) => I64,
-            _ => {
-                let (float, int) = if self.is_float() { (self, other) } else { (other, self) };
-                // float64 is the smallest float that holds every int32/int64 the way numpy decides.
-                match (float, int) {
-                    (F64, _) | (_, I32 | I64) => F64,
-                    _ => float,
-                }
-            }
-        }
-    }
-
-    pub const fn to_dl(self) -> sys::DLDataType {
-        let (code, bits) = match self {
-            DType::F16 => (sys::kDLFloat, 16),
-            DType::F32 => (sys::kDLFloat, 32),
-            DType::F64 => (sys::kDLFloat, 64),
-            DType::I32 => (sys::kDLInt, 32),
-            DType::I64 => (sys::kDLInt, 64),
-        };
-        sys::DLDataType { code, bits, lanes: 1 }
-    }
-
-    pub fn from_dl(t: sys::DLDataType) -> Option<DType> {
-        DType::ALL.into_iter().find(|d| d.to_dl() == t)
-    }
-}
-
-impl fmt::Display for DType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
 
 /// What an error becomes in Python (the `OpbStatus` codes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,6 +5,8 @@
 use std::fmt;
 use std::sync::Arc;
 
+use opbridge_dtype::dlpack;
+
 use crate::error::Result;
 
 /// The family of a device.
@@ -24,12 +26,13 @@ impl DeviceKind {
         }
     }
 
-    /// DLPack's `DLDeviceType` code for this kind (kDLCPU = 1, kDLCUDA = 2, kDLExtDev = 12).
+    /// DLPack's `DLDeviceType` code for this kind: `kDLCPU` = 1, `kDLCUDA` = 2, `kDLAscend` = 21
+    /// (DLPack's dedicated Ascend type; torch_npu still uses `kDLExtDev` = 12).
     pub const fn dlpack_code(self) -> i32 {
         match self {
-            DeviceKind::Cpu => 1,
-            DeviceKind::Cuda => 2,
-            DeviceKind::Ascend => 12,
+            DeviceKind::Cpu => dlpack::kDLCPU,
+            DeviceKind::Cuda => dlpack::kDLCUDA,
+            DeviceKind::Ascend => dlpack::kDLAscend,
         }
     }
 }
