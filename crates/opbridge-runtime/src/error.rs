@@ -1,7 +1,7 @@
 //! The runtime's one error type. Variants carry structured fields so the bindings can build
 //! precise messages and typed exceptions without parsing strings.
 
-use crate::device::DeviceKind;
+use crate::ids::DeviceKind;
 
 /// Everything the runtime can fail with.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

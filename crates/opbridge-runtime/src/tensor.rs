@@ -4,9 +4,10 @@
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
-use crate::device::{DeviceId, DevicePtr, HostFn};
+use crate::device::HostFn;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::ids::{DeviceId, DevicePtr};
 use crate::memory::Buffer;
 use crate::stream::{Event, Stream, StreamId};
 use crate::DeviceContext;

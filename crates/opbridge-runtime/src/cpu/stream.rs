@@ -5,8 +5,9 @@ use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 
 use super::{memory, CpuEvent};
-use crate::device::{CopyKind, DevicePtr, EventBackend, HostFn, StreamBackend};
+use crate::device::{CopyKind, EventBackend, HostFn, StreamBackend};
 use crate::error::{Error, Result};
+use crate::ids::DevicePtr;
 
 static NEXT_WORKER: AtomicU64 = AtomicU64::new(1);
 
