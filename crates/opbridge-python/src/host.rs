@@ -5,9 +5,11 @@ use numpy::{PyUntypedArray, PyUntypedArrayMethods};
 use opbridge_ops::{overlap, Overlap};
 use opbridge_runtime::{DType, DeviceContext, StreamId};
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
 use pyo3::types::PyDict;
 
+// Re-exported for `ops.rs` and `registry.rs`, which still call `host::numpy` (both change with
+// the dispatch refactor; new code imports `crate::convert::numpy`).
+pub use crate::convert::numpy;
 use crate::errors::{argument_error, dtype_error, to_pyerr};
 use crate::ffi::numpy as np_ffi;
 use crate::memory::PooledMemory;
@@ -20,12 +22,6 @@ pub const GIL_RELEASE_BYTES: usize = 64 * 1024;
 /// what makes fresh large outputs faster than numpy's); smaller ones from numpy's allocator,
 /// which is cheaper per call for small arrays.
 pub const POOL_OUTPUT_MIN_BYTES: usize = 256 * 1024;
-
-static NUMPY: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
-
-pub fn numpy(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
-    Ok(NUMPY.get_or_try_init(py, || py.import("numpy").map(Bound::unbind))?.bind(py))
-}
 
 /// A numpy array argument with a dtype opbridge supports.
 #[derive(Debug)]

@@ -5,8 +5,8 @@ use opbridge_runtime::{Buffer, DeviceContext};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use crate::convert::parse_device;
 use crate::errors::to_pyerr;
-use crate::tensor::parse_device;
 
 /// The base object of numpy arrays whose memory is a pool block: when numpy frees the array,
 /// this object dies and the block returns to the pool.

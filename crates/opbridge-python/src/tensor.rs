@@ -4,14 +4,15 @@
 
 use std::sync::Arc;
 
-use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::{PyUntypedArray, PyUntypedArrayMethods};
 use opbridge_runtime::{CopyKind, DType, DeviceContext, DeviceId, DevicePtr, Storage, Tensor};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
-use crate::errors::{argument_error, device_error, dtype_error, to_pyerr};
+use crate::convert::{parse_device, parse_dtype};
+use crate::errors::{argument_error, device_error, to_pyerr};
 use crate::ffi::{dlpack, numpy as np_ffi};
-use crate::host::{self, HostArray};
+use crate::host::HostArray;
 
 /// An n-dimensional array on an opbridge device, in pooled device memory.
 ///
@@ -218,25 +219,6 @@ impl PyTensor {
         let py = slf.py();
         py.import("opbridge._aio")?.call_method1("wait_tensor", (slf,))?.call_method0("__await__")
     }
-}
-
-pub fn parse_device(device: Option<&str>) -> PyResult<DeviceId> {
-    match device {
-        None => Ok(DeviceId::CPU),
-        Some(text) => DeviceId::parse(text).ok_or_else(|| {
-            device_error(format!("unknown device {text:?}: expected 'cpu', 'cpu:0', 'cuda:N' or 'ascend:N'"))
-        }),
-    }
-}
-
-fn parse_dtype(py: Python<'_>, dtype: Option<&Bound<'_, PyAny>>) -> PyResult<DType> {
-    let Some(dtype) = dtype else { return Ok(DType::F32) };
-    let descr = host::numpy(py)?.call_method1("dtype", (dtype,)).map_err(|e| {
-        dtype_error(format!("expected a dtype of float16, float32, float64, int32, int64, got {dtype}: {e}"))
-    })?;
-    let descr = descr.cast::<numpy::PyArrayDescr>()?;
-    np_ffi::dtype_of_num(descr.num())
-        .ok_or_else(|| dtype_error(format!("expected a dtype of float16, float32, float64, int32, int64, got {descr}")))
 }
 
 /// A tensor input: an `opbridge.Tensor`, or a numpy array copied at the call (what a
