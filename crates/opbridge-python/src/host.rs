@@ -3,16 +3,15 @@
 
 use numpy::{PyUntypedArray, PyUntypedArrayMethods};
 use opbridge_ops::{overlap, Overlap};
-use opbridge_runtime::{DType, DeviceContext, StreamId};
+use opbridge_runtime::DType;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 // Re-exported for `ops.rs` and `registry.rs`, which still call `host::numpy` (both change with
 // the dispatch refactor; new code imports `crate::convert::numpy`).
 pub use crate::convert::numpy;
-use crate::errors::{argument_error, dtype_error, to_pyerr};
+use crate::errors::{argument_error, dtype_error};
 use crate::ffi::numpy as np_ffi;
-use crate::memory::PooledMemory;
 
 /// Kernels touching at least this many bytes run with the GIL released: releasing costs about
 /// 140 ns (DESIGN.md), which pays off from roughly 16K float32 elements.
@@ -150,15 +149,7 @@ pub fn new_output<'py>(py: Python<'py>, dtype: DType, shape: &[usize]) -> PyResu
             crate::errors::shape_error(format!("an output of shape {shape:?} and dtype {dtype} is too large"))
         })?;
     let array = if bytes >= POOL_OUTPUT_MIN_BYTES {
-        let ctx = DeviceContext::cpu();
-        // Detached: under memory pressure the pool waits for streams whose host functions may
-        // need the GIL.
-        let buffer = py.detach(|| ctx.pool().allocate(bytes, StreamId::HOST)).map_err(to_pyerr)?;
-        let data = buffer.ptr().0;
-        let owner = Bound::new(py, PooledMemory::new(buffer))?;
-        // SAFETY: `data` is a 64-byte-aligned host block of `bytes` bytes owned by `owner`,
-        // which numpy keeps as the array's base until the array dies.
-        unsafe { np_ffi::wrap(py, dtype, shape, None, data, true, owner.into_any())? }
+        np_ffi::pooled_array(py, dtype, shape)?
     } else {
         np_ffi::empty(py, dtype, shape)?
     };

@@ -1,6 +1,5 @@
 //! `opbridge.Tensor` and the functions that make tensors (`asarray`, `empty`, `zeros`,
 //! `from_dlpack`).
-#![allow(unsafe_code)] // numpy views over tensor memory; see the SAFETY notes.
 
 use std::sync::Arc;
 
@@ -36,6 +35,16 @@ pub struct PyTensor {
 impl PyTensor {
     pub fn new(inner: Arc<Tensor>) -> PyTensor {
         PyTensor { inner, read_only: false }
+    }
+}
+
+impl np_ffi::TensorOwner for PyTensor {
+    fn tensor(&self) -> &Arc<Tensor> {
+        &self.inner
+    }
+
+    fn read_only(&self) -> bool {
+        self.read_only
     }
 }
 
@@ -133,19 +142,7 @@ impl PyTensor {
             )));
         }
         py.detach(|| inner.wait_ready()).map_err(to_pyerr)?;
-        // SAFETY: the tensor's layout was validated against its storage when it was made; the
-        // array's base is the tensor object, which owns the storage.
-        unsafe {
-            np_ffi::wrap(
-                py,
-                inner.dtype(),
-                inner.shape(),
-                Some(&byte_strides(&inner)),
-                inner.data_ptr().0,
-                !this.read_only,
-                slf.clone().into_any(),
-            )
-        }
+        np_ffi::tensor_array(slf)
     }
 
     #[pyo3(signature = (dtype=None, copy=None))]
@@ -373,20 +370,7 @@ pub fn zeros<'py>(
     device: Option<&str>,
 ) -> PyResult<Bound<'py, PyTensor>> {
     let (tensor, stream) = alloc_tensor(py, shape, dtype, device)?;
-    let (ptr, bytes) = (tensor.data_ptr().0, tensor.nbytes());
-    let no_reads: [&Tensor; 0] = [];
-    Tensor::launch(
-        &stream,
-        &no_reads,
-        &[&tensor],
-        Box::new(move || {
-            // SAFETY: a fresh pool block of `bytes` bytes, alive until this work has run
-            // (stream-ordered reuse).
-            unsafe { std::ptr::write_bytes(ptr as *mut u8, 0, bytes) };
-            Ok(())
-        }),
-    )
-    .map_err(to_pyerr)?;
+    tensor.fill_zeros(&stream).map_err(to_pyerr)?;
     Bound::new(py, PyTensor::new(Arc::new(tensor)))
 }
 

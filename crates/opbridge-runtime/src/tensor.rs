@@ -248,6 +248,25 @@ impl Tensor {
         Ok(())
     }
 
+    /// Enqueues on `stream` a fill of this tensor with zero bytes (zero in every dtype), ordered
+    /// like a kernel writing it. For contiguous tensors in host-accessible memory (the CPU
+    /// device; accelerators will need a device memset).
+    pub fn fill_zeros(&self, stream: &Stream) -> Result<()> {
+        if !self.is_contiguous() {
+            return Err(Error::Layout(format!(
+                "fill_zeros needs a contiguous tensor, got shape {:?} and strides {:?}",
+                self.shape, self.strides
+            )));
+        }
+        if !DeviceContext::get(self.device)?.device().host_accessible() {
+            return Err(Error::Device {
+                device: self.device.to_string(),
+                message: "fill_zeros: this device's memory is not host-accessible".into(),
+            });
+        }
+        crate::memory::host_zero_fill(stream, self)
+    }
+
     /// Orders host access to a fresh tensor after the work already queued on `stream`, the
     /// stream its block was allocated for: the pool may hand out a block that earlier work on
     /// that stream still writes (stream-ordered reuse), which device work sees in order but the
