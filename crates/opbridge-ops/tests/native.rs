@@ -39,7 +39,8 @@ impl Op for Affine {
     const DTYPES: &'static [DType] = &[DType::F64, DType::I32];
     const INPUT_DTYPES: Option<opbridge_plugin_sdk::InputDtypesFn> =
         Some(|inputs, _| Ok(inputs.iter().map(|m| m.map(|_| DType::F64)).collect()));
-    // SAFETY: `run` collects its inputs into buffers before it takes the output's slice.
+    #[allow(unsafe_code)] // the in-place opt-in is an `unsafe` contract (see `InPlace::new`)
+                          // SAFETY: `run` collects its inputs into buffers before it takes the output's slice.
     const IN_PLACE: Option<opbridge_plugin_sdk::InPlace> = Some(unsafe { opbridge_plugin_sdk::InPlace::new() });
 
     fn infer(inputs: &Inputs<'_, Meta2>, attrs: &Attrs<'_>) -> Result<Vec<Meta2>> {

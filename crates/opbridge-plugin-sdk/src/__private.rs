@@ -2,6 +2,7 @@
 //! `extern "C"` trampolines (one instance per operator type) that turn the C arguments into safe
 //! views, call the operator, and turn its result — or a panic — into a status and a message.
 //! Not a public API.
+#![allow(unsafe_code)] // the C entry points: raw ABI arguments become safe views here
 
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};

@@ -20,39 +20,8 @@ pub const OPB_ABSENT: i32 = -1;
 
 pub const OPB_PLUGIN_INIT_SYMBOL: &[u8] = b"opbridge_plugin_init\0";
 
-// DLPack.
-pub const kDLCPU: c_int = 1;
-pub const kDLInt: u8 = 0;
-pub const kDLUInt: u8 = 1;
-pub const kDLFloat: u8 = 2;
-
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DLDevice {
-    /// A `DLDeviceType` (a C enum: `int`).
-    pub device_type: c_int,
-    pub device_id: i32,
-}
-
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct DLDataType {
-    pub code: u8,
-    pub bits: u8,
-    pub lanes: u16,
-}
-
-#[repr(C)]
-#[derive(Debug)]
-pub struct DLTensor {
-    pub data: *mut c_void,
-    pub device: DLDevice,
-    pub ndim: i32,
-    pub dtype: DLDataType,
-    pub shape: *mut i64,
-    pub strides: *mut i64,
-    pub byte_offset: u64,
-}
+// DLPack: declared once, in `opbridge-dtype`, and re-exported here under the header's names.
+pub use opbridge_dtype::dlpack::{kDLCPU, kDLFloat, kDLInt, kDLUInt, DLDataType, DLDevice, DLTensor};
 
 // Status codes (`OpbStatus`).
 pub const OPB_OK: c_int = 0;

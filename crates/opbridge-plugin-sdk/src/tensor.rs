@@ -1,5 +1,6 @@
 //! Safe views of the `DLTensor`s a kernel receives: typed slices where the memory is contiguous,
 //! a strided iterator where it is not. Every accessor checks the dtype first.
+#![allow(unsafe_code)] // views over the raw `DLTensor` memory; see the SAFETY notes
 
 use std::borrow::Cow;
 use std::marker::PhantomData;

@@ -1,5 +1,6 @@
 //! The SDK as a host sees it: its declarations match the C header, and the generated entry
 //! point and trampolines turn safe Rust into the ABI (results, errors, panics, strided inputs).
+#![allow(unsafe_code)] // the tests play the host: they call the C entry point and trampolines
 
 use std::ffi::{c_char, c_void, CStr};
 use std::path::Path;

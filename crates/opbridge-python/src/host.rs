@@ -2,14 +2,13 @@
 //! outputs, and run CPU kernels directly on numpy's buffers (GIL released for large inputs).
 
 use numpy::{PyUntypedArray, PyUntypedArrayMethods};
-use opbridge_runtime::{DType, DeviceContext, StreamId};
+use opbridge_runtime::DType;
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
 use pyo3::types::PyDict;
 
-use crate::errors::{argument_error, dtype_error, to_pyerr};
+use crate::convert::numpy;
+use crate::errors::{argument_error, dtype_error};
 use crate::ffi::numpy as np_ffi;
-use crate::memory::PooledMemory;
 
 /// Kernels touching at least this many bytes run with the GIL released: releasing costs about
 /// 140 ns (DESIGN.md), which pays off from roughly 16K float32 elements.
@@ -19,12 +18,6 @@ pub const GIL_RELEASE_BYTES: usize = 64 * 1024;
 /// what makes fresh large outputs faster than numpy's); smaller ones from numpy's allocator,
 /// which is cheaper per call for small arrays.
 pub const POOL_OUTPUT_MIN_BYTES: usize = 256 * 1024;
-
-static NUMPY: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
-
-pub fn numpy(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
-    Ok(NUMPY.get_or_try_init(py, || py.import("numpy").map(Bound::unbind))?.bind(py))
-}
 
 /// A numpy array argument with a dtype opbridge supports.
 #[derive(Debug)]
@@ -135,15 +128,7 @@ pub fn new_output<'py>(py: Python<'py>, dtype: DType, shape: &[usize]) -> PyResu
             crate::errors::shape_error(format!("an output of shape {shape:?} and dtype {dtype} is too large"))
         })?;
     let array = if bytes >= POOL_OUTPUT_MIN_BYTES {
-        let ctx = DeviceContext::cpu();
-        // Detached: under memory pressure the pool waits for streams whose host functions may
-        // need the GIL.
-        let buffer = py.detach(|| ctx.pool().allocate(bytes, StreamId::HOST)).map_err(to_pyerr)?;
-        let data = buffer.ptr().0;
-        let owner = Bound::new(py, PooledMemory::new(buffer))?;
-        // SAFETY: `data` is a 64-byte-aligned host block of `bytes` bytes owned by `owner`,
-        // which numpy keeps as the array's base until the array dies.
-        unsafe { np_ffi::wrap(py, dtype, shape, None, data, true, owner.into_any())? }
+        np_ffi::pooled_array(py, dtype, shape)?
     } else {
         np_ffi::empty(py, dtype, shape)?
     };

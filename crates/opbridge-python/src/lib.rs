@@ -1,6 +1,7 @@
 //! `opbridge._native`: the PyO3 bindings. Conversion, GIL handling and error mapping only; the
 //! work lives in `opbridge-runtime` and `opbridge-ops`.
 
+mod convert;
 mod errors;
 mod ffi;
 mod host;

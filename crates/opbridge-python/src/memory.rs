@@ -1,38 +1,15 @@
 //! The device pool from Python: statistics, limits, cache control, and the owner object that
 //! lets numpy arrays live in pool blocks.
 
-use opbridge_runtime::{Buffer, DeviceContext};
+use opbridge_runtime::DeviceContext;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use crate::convert::parse_device;
 use crate::errors::to_pyerr;
-use crate::tensor::parse_device;
-
-/// The base object of numpy arrays whose memory is a pool block: when numpy frees the array,
-/// this object dies and the block returns to the pool.
-#[pyclass(module = "opbridge", frozen)]
-#[derive(Debug)]
-pub struct PooledMemory {
-    buffer: Buffer,
-}
-
-impl PooledMemory {
-    pub fn new(buffer: Buffer) -> PooledMemory {
-        PooledMemory { buffer }
-    }
-}
-
-#[pymethods]
-impl PooledMemory {
-    #[getter]
-    fn nbytes(&self) -> usize {
-        self.buffer.len()
-    }
-
-    fn __repr__(&self) -> String {
-        format!("PooledMemory({:?})", self.buffer)
-    }
-}
+// Declared beside the numpy constructor that makes it an array's base (all the bindings'
+// `unsafe` is in `ffi`); `opbridge.PooledMemory` is registered from here as before.
+pub use crate::ffi::numpy::PooledMemory;
 
 fn context(device: Option<&str>) -> PyResult<&'static std::sync::Arc<DeviceContext>> {
     DeviceContext::get(parse_device(device)?).map_err(to_pyerr)

@@ -66,7 +66,7 @@ fn attr_value(value: &Bound<'_, PyAny>) -> PyResult<AttrValue> {
         return Ok(AttrValue::Ints(v));
     }
     // numpy dtypes and scalar types (`dtype=np.float32`) travel by name.
-    if let Ok(descr) = host::numpy(value.py())?.call_method1("dtype", (value,)) {
+    if let Ok(descr) = crate::convert::numpy(value.py())?.call_method1("dtype", (value,)) {
         return Ok(AttrValue::Str(descr.getattr("name")?.extract()?));
     }
     Err(argument_error(format!("unsupported argument value {value} of type {}", value.get_type().name()?)))
@@ -296,7 +296,7 @@ fn call_host<'py>(
     let attrs = &call.attrs;
     host::run(py, bytes, || dispatch::run_host(entry, attrs, &plan, &views, &out_views)).map_err(to_pyerr)?;
     for (k, target) in copy_back {
-        host::numpy(py)?.call_method1("copyto", (&target.array, &results[k].array))?;
+        crate::convert::numpy(py)?.call_method1("copyto", (&target.array, &results[k].array))?;
         results[k] = target;
     }
     if results.len() == 1 {

@@ -6,8 +6,8 @@ use std::thread::ThreadId;
 use opbridge_runtime::{DeviceContext, Event, Stream};
 use pyo3::prelude::*;
 
+use crate::convert::parse_device;
 use crate::errors::to_pyerr;
-use crate::tensor::parse_device;
 
 /// An ordered queue of work on a device. Each Python thread has its own current stream
 /// (created on first use); ``with stream:`` makes ``stream`` current in the block.

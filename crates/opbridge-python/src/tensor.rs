@@ -1,17 +1,17 @@
 //! `opbridge.Tensor` and the functions that make tensors (`asarray`, `empty`, `zeros`,
 //! `from_dlpack`).
-#![allow(unsafe_code)] // numpy views over tensor memory; see the SAFETY notes.
 
 use std::sync::Arc;
 
-use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::{PyUntypedArray, PyUntypedArrayMethods};
 use opbridge_runtime::{CopyKind, DType, DeviceContext, DeviceId, DevicePtr, Storage, Tensor};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
-use crate::errors::{argument_error, device_error, dtype_error, to_pyerr};
+use crate::convert::{parse_device, parse_dtype};
+use crate::errors::{argument_error, device_error, to_pyerr};
 use crate::ffi::{dlpack, numpy as np_ffi};
-use crate::host::{self, HostArray};
+use crate::host::HostArray;
 
 /// An n-dimensional array on an opbridge device, in pooled device memory.
 ///
@@ -35,6 +35,16 @@ pub struct PyTensor {
 impl PyTensor {
     pub fn new(inner: Arc<Tensor>) -> PyTensor {
         PyTensor { inner, read_only: false }
+    }
+}
+
+impl np_ffi::TensorOwner for PyTensor {
+    fn tensor(&self) -> &Arc<Tensor> {
+        &self.inner
+    }
+
+    fn read_only(&self) -> bool {
+        self.read_only
     }
 }
 
@@ -132,19 +142,7 @@ impl PyTensor {
             )));
         }
         py.detach(|| inner.wait_ready()).map_err(to_pyerr)?;
-        // SAFETY: the tensor's layout was validated against its storage when it was made; the
-        // array's base is the tensor object, which owns the storage.
-        unsafe {
-            np_ffi::wrap(
-                py,
-                inner.dtype(),
-                inner.shape(),
-                Some(&byte_strides(&inner)),
-                inner.data_ptr().0,
-                !this.read_only,
-                slf.clone().into_any(),
-            )
-        }
+        np_ffi::tensor_array(slf)
     }
 
     #[pyo3(signature = (dtype=None, copy=None))]
@@ -218,25 +216,6 @@ impl PyTensor {
         let py = slf.py();
         py.import("opbridge._aio")?.call_method1("wait_tensor", (slf,))?.call_method0("__await__")
     }
-}
-
-pub fn parse_device(device: Option<&str>) -> PyResult<DeviceId> {
-    match device {
-        None => Ok(DeviceId::CPU),
-        Some(text) => DeviceId::parse(text).ok_or_else(|| {
-            device_error(format!("unknown device {text:?}: expected 'cpu', 'cpu:0', 'cuda:N' or 'ascend:N'"))
-        }),
-    }
-}
-
-fn parse_dtype(py: Python<'_>, dtype: Option<&Bound<'_, PyAny>>) -> PyResult<DType> {
-    let Some(dtype) = dtype else { return Ok(DType::F32) };
-    let descr = host::numpy(py)?.call_method1("dtype", (dtype,)).map_err(|e| {
-        dtype_error(format!("expected a dtype of float16, float32, float64, int32, int64, got {dtype}: {e}"))
-    })?;
-    let descr = descr.cast::<numpy::PyArrayDescr>()?;
-    np_ffi::dtype_of_num(descr.num())
-        .ok_or_else(|| dtype_error(format!("expected a dtype of float16, float32, float64, int32, int64, got {descr}")))
 }
 
 /// A tensor input: an `opbridge.Tensor`, or a numpy array copied at the call (what a
@@ -391,20 +370,7 @@ pub fn zeros<'py>(
     device: Option<&str>,
 ) -> PyResult<Bound<'py, PyTensor>> {
     let (tensor, stream) = alloc_tensor(py, shape, dtype, device)?;
-    let (ptr, bytes) = (tensor.data_ptr().0, tensor.nbytes());
-    let no_reads: [&Tensor; 0] = [];
-    Tensor::launch(
-        &stream,
-        &no_reads,
-        &[&tensor],
-        Box::new(move || {
-            // SAFETY: a fresh pool block of `bytes` bytes, alive until this work has run
-            // (stream-ordered reuse).
-            unsafe { std::ptr::write_bytes(ptr as *mut u8, 0, bytes) };
-            Ok(())
-        }),
-    )
-    .map_err(to_pyerr)?;
+    tensor.fill_zeros(&stream).map_err(to_pyerr)?;
     Bound::new(py, PyTensor::new(Arc::new(tensor)))
 }
 

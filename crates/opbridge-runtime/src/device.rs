@@ -6,76 +6,9 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::error::{AsyncError, Result};
-
-/// The family of a device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum DeviceKind {
-    Cpu,
-    Cuda,
-    Ascend,
-}
-
-impl DeviceKind {
-    pub const fn name(self) -> &'static str {
-        match self {
-            DeviceKind::Cpu => "cpu",
-            DeviceKind::Cuda => "cuda",
-            DeviceKind::Ascend => "ascend",
-        }
-    }
-
-    /// DLPack's `DLDeviceType` code for this kind (kDLCPU = 1, kDLCUDA = 2, kDLExtDev = 12).
-    pub const fn dlpack_code(self) -> i32 {
-        match self {
-            DeviceKind::Cpu => 1,
-            DeviceKind::Cuda => 2,
-            DeviceKind::Ascend => 12,
-        }
-    }
-}
-
-/// A device: kind plus ordinal, written `cpu:0`, `cuda:1`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct DeviceId {
-    pub kind: DeviceKind,
-    pub index: usize,
-}
-
-impl DeviceId {
-    pub const CPU: DeviceId = DeviceId { kind: DeviceKind::Cpu, index: 0 };
-
-    /// Parses `"cpu"`, `"cpu:0"`, `"cuda:1"`.
-    pub fn parse(text: &str) -> Option<DeviceId> {
-        let (kind, index) = match text.split_once(':') {
-            Some((k, i)) => (k, i.parse().ok()?),
-            None => (text, 0),
-        };
-        let kind = match kind {
-            "cpu" => DeviceKind::Cpu,
-            "cuda" => DeviceKind::Cuda,
-            "ascend" | "npu" => DeviceKind::Ascend,
-            _ => return None,
-        };
-        Some(DeviceId { kind, index })
-    }
-}
-
-impl fmt::Display for DeviceId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}", self.kind.name(), self.index)
-    }
-}
-
-/// An address in a device's memory. Plain data: it is never dereferenced outside a kernel or
-/// copy running on that device, so holding one is always safe.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct DevicePtr(pub usize);
-
-impl DevicePtr {
-    pub const fn offset(self, bytes: usize) -> DevicePtr {
-        DevicePtr(self.0 + bytes)
-    }
-}
+// The identifiers live in `ids`; re-exported so `device::{DeviceId, DeviceKind, DevicePtr}` keep
+// working.
+pub use crate::ids::{DeviceId, DeviceKind, DevicePtr};
 
 /// Host work a stream runs in order: a CPU kernel, a host callback, a marker. An `Err` is the
 /// stream's asynchronous error (typed: it keeps its kind and cause), reported by the next

@@ -5,7 +5,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::device::{DeviceId, DeviceKind};
+use crate::ids::{DeviceId, DeviceKind};
 
 /// What kind of failure an error is: the classification every front end maps once (Python to
 /// its exception classes, the server to HTTP and gRPC codes, the plugin SDK to its statuses).

@@ -5,6 +5,7 @@ pub mod cpu;
 pub mod device;
 pub mod dtype;
 pub mod error;
+pub mod ids;
 pub mod memory;
 pub mod pipeline;
 pub mod stream;
@@ -12,9 +13,10 @@ pub mod tensor;
 
 use std::sync::{Arc, OnceLock};
 
-pub use device::{CopyKind, Device, DeviceId, DeviceKind, DevicePtr, HostFn};
+pub use device::{CopyKind, Device, HostFn};
 pub use dtype::DType;
 pub use error::{AsyncError, Error, ErrorKind, Result};
+pub use ids::{DeviceId, DeviceKind, DevicePtr};
 pub use memory::{Allocate, Buffer, ChildPool, MemoryPool, PoolStats, SubBuffer, ALIGNMENT};
 pub use stream::{current_stream, set_current_stream, Event, Stream, StreamId};
 pub use tensor::{Storage, Tensor};

@@ -2,8 +2,9 @@
 //! chunks through pinned staging buffers, and the copy-in of chunk i+1, the kernel on chunk i
 //! and the copy-out of chunk i-1 run at once on three streams (H2D / compute / D2H).
 
-use crate::device::{CopyKind, DevicePtr, HostFn};
+use crate::device::{CopyKind, HostFn};
 use crate::error::Result;
+use crate::ids::DevicePtr;
 use crate::stream::{Event, Stream, StreamId};
 use crate::DeviceContext;
 

@@ -6,8 +6,9 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-use crate::device::{CopyKind, Device, DeviceId, DevicePtr, EventBackend, HostFn, StreamBackend};
+use crate::device::{CopyKind, Device, EventBackend, HostFn, StreamBackend};
 use crate::error::Result;
+use crate::ids::{DeviceId, DevicePtr};
 use crate::memory::MemoryPool;
 use crate::DeviceContext;
 

@@ -4,9 +4,10 @@
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
-use crate::device::{DeviceId, DevicePtr, HostFn};
+use crate::device::HostFn;
 use crate::dtype::DType;
 use crate::error::{AsyncError, Error, Result};
+use crate::ids::{DeviceId, DevicePtr};
 use crate::memory::{Allocate, Buffer};
 use crate::stream::{Event, Stream, StreamId};
 use crate::DeviceContext;
@@ -251,6 +252,25 @@ impl Tensor {
             access.failure = Some(Arc::clone(&failure));
         }
         Ok(())
+    }
+
+    /// Enqueues on `stream` a fill of this tensor with zero bytes (zero in every dtype), ordered
+    /// like a kernel writing it. For contiguous tensors in host-accessible memory (the CPU
+    /// device; accelerators will need a device memset).
+    pub fn fill_zeros(&self, stream: &Stream) -> Result<()> {
+        if !self.is_contiguous() {
+            return Err(Error::Layout(format!(
+                "fill_zeros needs a contiguous tensor, got shape {:?} and strides {:?}",
+                self.shape, self.strides
+            )));
+        }
+        if !DeviceContext::get(self.device)?.device().host_accessible() {
+            return Err(Error::Device {
+                device: self.device,
+                message: "fill_zeros: this device's memory is not host-accessible".into(),
+            });
+        }
+        crate::memory::host_zero_fill(stream, self)
     }
 
     /// Orders host access to a fresh tensor after the work already queued on `stream`, the

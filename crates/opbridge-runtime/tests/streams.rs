@@ -5,6 +5,7 @@
 //! device, and the pool's counters are global, so the tests of this file take one lock and run
 //! one at a time. Kernels that must stay busy block on a channel instead of sleeping: the test
 //! releases them, and if it panics first, dropping the sender releases them too.
+#![allow(unsafe_code)] // the tests' kernels read and write tensor memory, as kernels do
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
-use opbridge_runtime::DType;
+use opbridge_dtype::DType;
 
 use crate::error::{OpError, Result};
 use crate::memo::Memo;

@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::ffi::{c_char, c_int, CString};
 
-use opbridge_runtime::DType;
+use opbridge_dtype::DType;
 
 use super::sys;
 use crate::error::OpError;

@@ -4,82 +4,18 @@
 use std::ffi::{c_void, CStr};
 use std::sync::Arc;
 
+use opbridge_dtype::dlpack::{
+    kDLCPU, kDLCUDAHost, DLDevice, DLManagedTensor, DLManagedTensorVersioned, DLTensor, DLPACK_FLAG_BITMASK_READ_ONLY,
+};
 use opbridge_runtime::{DType, DeviceId, DeviceKind, DevicePtr, Storage, Tensor};
 use pyo3::exceptions::PyBufferError;
 use pyo3::ffi;
 use pyo3::prelude::*;
 
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-struct DLDevice {
-    device_type: i32,
-    device_id: i32,
-}
-
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-struct DLDataType {
-    code: u8,
-    bits: u8,
-    lanes: u16,
-}
-
-#[repr(C)]
-#[derive(Debug)]
-struct DLTensor {
-    data: *mut c_void,
-    device: DLDevice,
-    ndim: i32,
-    dtype: DLDataType,
-    shape: *mut i64,
-    strides: *mut i64,
-    byte_offset: u64,
-}
-
-#[repr(C)]
-#[derive(Debug)]
-struct DLManagedTensor {
-    dl_tensor: DLTensor,
-    manager_ctx: *mut c_void,
-    deleter: Option<unsafe extern "C" fn(*mut DLManagedTensor)>,
-}
-
-#[repr(C)]
-#[derive(Debug)]
-struct DLManagedTensorVersioned {
-    version: [u32; 2],
-    manager_ctx: *mut c_void,
-    deleter: Option<unsafe extern "C" fn(*mut DLManagedTensorVersioned)>,
-    flags: u64,
-    dl_tensor: DLTensor,
-}
-
-const READ_ONLY: u64 = 1;
-const K_DL_INT: u8 = 0;
-const K_DL_FLOAT: u8 = 2;
-const K_DL_CPU: i32 = 1;
-const K_DL_CUDA_HOST: i32 = 3;
-
 const LEGACY: &CStr = c"dltensor";
 const LEGACY_USED: &CStr = c"used_dltensor";
 const VERSIONED: &CStr = c"dltensor_versioned";
 const VERSIONED_USED: &CStr = c"used_dltensor_versioned";
-
-fn dl_dtype(dtype: DType) -> DLDataType {
-    let code = if dtype.is_float() { K_DL_FLOAT } else { K_DL_INT };
-    DLDataType { code, bits: (dtype.size() * 8) as u8, lanes: 1 }
-}
-
-fn from_dl_dtype(dt: DLDataType) -> Option<DType> {
-    match (dt.code, dt.bits, dt.lanes) {
-        (K_DL_FLOAT, 16, 1) => Some(DType::F16),
-        (K_DL_FLOAT, 32, 1) => Some(DType::F32),
-        (K_DL_FLOAT, 64, 1) => Some(DType::F64),
-        (K_DL_INT, 32, 1) => Some(DType::I32),
-        (K_DL_INT, 64, 1) => Some(DType::I64),
-        _ => None,
-    }
-}
 
 /// What an exported capsule owns: the tensor (keeping its block alive) and the arrays the
 /// `DLTensor` points into.
@@ -125,7 +61,7 @@ pub fn export(py: Python<'_>, tensor: Arc<Tensor>) -> PyResult<Bound<'_, PyAny>>
             data: tensor.storage().ptr().0 as *mut c_void,
             device: DLDevice { device_type: device.kind.dlpack_code(), device_id: device.index as i32 },
             ndim: tensor.shape().len() as i32,
-            dtype: dl_dtype(tensor.dtype()),
+            dtype: tensor.dtype().to_dl(),
             shape: ctx.shape.as_mut_ptr(),
             strides: ctx.strides.as_mut_ptr(),
             byte_offset: tensor.byte_offset() as u64,
@@ -187,10 +123,14 @@ pub fn import(capsule: &Bound<'_, PyAny>) -> PyResult<(Tensor, bool)> {
     unsafe {
         let (dl, owner, read_only) = if ffi::PyCapsule_IsValid(ptr, VERSIONED.as_ptr()) == 1 {
             let m = ffi::PyCapsule_GetPointer(ptr, VERSIONED.as_ptr()).cast::<DLManagedTensorVersioned>();
-            if (*m).version[0] != 1 {
-                return Err(PyBufferError::new_err(format!("unsupported DLPack major version {}", (*m).version[0])));
+            if (*m).version.major != 1 {
+                return Err(PyBufferError::new_err(format!("unsupported DLPack major version {}", (*m).version.major)));
             }
-            (&(*m).dl_tensor as *const DLTensor, Imported::Versioned(m), (*m).flags & READ_ONLY != 0)
+            (
+                &(*m).dl_tensor as *const DLTensor,
+                Imported::Versioned(m),
+                (*m).flags & DLPACK_FLAG_BITMASK_READ_ONLY != 0,
+            )
         } else if ffi::PyCapsule_IsValid(ptr, LEGACY.as_ptr()) == 1 {
             let m = ffi::PyCapsule_GetPointer(ptr, LEGACY.as_ptr()).cast::<DLManagedTensor>();
             (&(*m).dl_tensor as *const DLTensor, Imported::Legacy(m), false)
@@ -204,13 +144,13 @@ pub fn import(capsule: &Bound<'_, PyAny>) -> PyResult<(Tensor, bool)> {
         }
         // From here on `owner` releases the producer's tensor on every path.
         let dl = &*dl;
-        if dl.device.device_type != K_DL_CPU && dl.device.device_type != K_DL_CUDA_HOST {
+        if dl.device.device_type != kDLCPU && dl.device.device_type != kDLCUDAHost {
             return Err(crate::errors::device_error(format!(
                 "from_dlpack: expected host memory (DLPack device type 1), got device type {}",
                 dl.device.device_type
             )));
         }
-        let dtype = from_dl_dtype(dl.dtype).ok_or_else(|| {
+        let dtype = DType::from_dl(dl.dtype).ok_or_else(|| {
             crate::errors::dtype_error(format!(
                 "from_dlpack: expected float16/32/64 or int32/64, got DLPack dtype code {} bits {} lanes {}",
                 dl.dtype.code, dl.dtype.bits, dl.dtype.lanes

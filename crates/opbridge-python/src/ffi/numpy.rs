@@ -3,10 +3,11 @@
 //! overhead targets cannot afford; aliasing is checked by the ops layer instead).
 
 use std::os::raw::c_int;
+use std::sync::Arc;
 
 use numpy::npyffi::{self, npy_intp, NPY_ARRAY_ALIGNED, NPY_ARRAY_C_CONTIGUOUS, NPY_ARRAY_WRITEABLE, PY_ARRAY_API};
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
-use opbridge_runtime::DType;
+use opbridge_runtime::{Buffer, DType, DeviceContext, StreamId, Tensor};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use smallvec::SmallVec;
@@ -124,12 +125,96 @@ pub fn empty<'py>(py: Python<'py>, dtype: DType, shape: &[usize]) -> PyResult<Bo
     new_array(py, dtype, shape, None, std::ptr::null_mut(), 0, None)
 }
 
+/// The base object of numpy arrays whose memory is a pool block: when numpy frees the array,
+/// this object dies and the block returns to the pool.
+#[pyclass(module = "opbridge", frozen)]
+#[derive(Debug)]
+pub struct PooledMemory {
+    buffer: Buffer,
+}
+
+impl PooledMemory {
+    fn new(buffer: Buffer) -> PooledMemory {
+        PooledMemory { buffer }
+    }
+}
+
+#[pymethods]
+impl PooledMemory {
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.buffer.len()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("PooledMemory({:?})", self.buffer)
+    }
+}
+
+/// A new C-contiguous, writable array in a block of the CPU device's caching pool (host
+/// memory), whose base is a [`PooledMemory`]: the block returns to the pool when numpy frees
+/// the array.
+pub fn pooled_array<'py>(py: Python<'py>, dtype: DType, shape: &[usize]) -> PyResult<Bound<'py, PyUntypedArray>> {
+    let bytes = shape.iter().try_fold(dtype.size(), |n, &d| n.checked_mul(d)).filter(|&b| b <= isize::MAX as usize);
+    let bytes = bytes.ok_or_else(|| {
+        crate::errors::shape_error(format!("an output of shape {shape:?} and dtype {dtype} is too large"))
+    })?;
+    let ctx = DeviceContext::cpu();
+    // Detached: under memory pressure the pool waits for streams whose host functions may
+    // need the GIL.
+    let buffer = py.detach(|| ctx.pool().allocate(bytes, StreamId::HOST)).map_err(crate::errors::to_pyerr)?;
+    let data = buffer.ptr().0;
+    let owner = Bound::new(py, PooledMemory::new(buffer))?;
+    // SAFETY: `data` is a 64-byte-aligned block of host memory (the CPU device's pool) of at
+    // least `bytes` bytes, owned by `owner`, which numpy keeps as the array's base until the
+    // array dies.
+    unsafe { wrap(py, dtype, shape, None, data, true, owner.into_any()) }
+}
+
+/// A frozen Python object that holds a tensor for its whole life (`opbridge.Tensor`), so a
+/// numpy array over the tensor's memory may take it as its base.
+pub trait TensorOwner: pyo3::PyClass<Frozen = pyo3::pyclass::boolean_struct::True> + Sync {
+    fn tensor(&self) -> &Arc<Tensor>;
+    /// The memory must not be written (a read-only DLPack import): the array is read-only.
+    fn read_only(&self) -> bool;
+}
+
+/// A numpy array sharing the memory of `owner`'s tensor, with `owner` as its base. The tensor
+/// must be in host-accessible memory; callers wait for the work that writes it first.
+pub fn tensor_array<'py, T: TensorOwner>(owner: &Bound<'py, T>) -> PyResult<Bound<'py, PyUntypedArray>> {
+    let py = owner.py();
+    let this = owner.get();
+    let tensor = this.tensor();
+    let ctx = DeviceContext::get(tensor.device()).map_err(crate::errors::to_pyerr)?;
+    if !ctx.device().host_accessible() {
+        return Err(crate::errors::device_error(format!(
+            "numpy(): the tensor is on {}, whose memory the host cannot read",
+            tensor.device()
+        )));
+    }
+    let strides: SmallVec<[isize; 8]> = tensor.strides().iter().map(|&s| s * tensor.dtype().size() as isize).collect();
+    // SAFETY: the tensor's layout was validated against its storage when it was made, and its
+    // memory is host memory (checked above). `owner` is frozen and holds the tensor for its
+    // whole life, and numpy keeps it as the array's base until the array dies.
+    unsafe {
+        wrap(
+            py,
+            tensor.dtype(),
+            tensor.shape(),
+            Some(&strides),
+            tensor.data_ptr().0,
+            !this.read_only(),
+            owner.clone().into_any(),
+        )
+    }
+}
+
 /// A C-contiguous array over `data`, kept alive by `owner` (set as the array's base).
 ///
 /// # Safety
 /// `data` must be valid for `prod(shape)` elements of `dtype`, aligned, and stay valid as long
 /// as `owner` lives; writable unless `writeable` is false.
-pub unsafe fn wrap<'py>(
+unsafe fn wrap<'py>(
     py: Python<'py>,
     dtype: DType,
     shape: &[usize],

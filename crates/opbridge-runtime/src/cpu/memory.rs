@@ -3,8 +3,8 @@
 
 use std::alloc::{self, Layout};
 
-use crate::device::{DeviceId, DevicePtr};
 use crate::error::{Error, Result};
+use crate::ids::{DeviceId, DevicePtr};
 use crate::memory::ALIGNMENT;
 
 fn layout(bytes: usize) -> Option<Layout> {

@@ -8,8 +8,9 @@ mod stream;
 
 use std::sync::Arc;
 
-use crate::device::{Device, DeviceId, DevicePtr, EventBackend, StreamBackend};
+use crate::device::{Device, EventBackend, StreamBackend};
 use crate::error::Result;
+use crate::ids::{DeviceId, DevicePtr};
 
 pub use event::CpuEvent;
 pub use stream::CpuStream;

@@ -5,8 +5,9 @@ use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 
 use super::{memory, CpuEvent};
-use crate::device::{CopyKind, DeviceId, DevicePtr, EventBackend, HostFn, StreamBackend};
+use crate::device::{CopyKind, EventBackend, HostFn, StreamBackend};
 use crate::error::{AsyncError, Error, ErrorKind, Result};
+use crate::ids::{DeviceId, DevicePtr};
 
 static NEXT_WORKER: AtomicU64 = AtomicU64::new(1);
 

@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 
 use super::pool::{MemoryPool, Quota};
-use crate::device::DevicePtr;
+use crate::ids::DevicePtr;
 use crate::stream::{Stream, StreamId};
 
 /// A block of pool memory owned by one tensor (or one numpy array on the convenience path).

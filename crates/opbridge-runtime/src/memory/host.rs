@@ -4,6 +4,9 @@
 #![allow(unsafe_code)]
 
 use super::Buffer;
+use crate::error::Result;
+use crate::stream::Stream;
+use crate::tensor::Tensor;
 
 /// Copies `bytes` into the start of `buffer`.
 ///
@@ -22,4 +25,24 @@ pub(crate) fn host_read(buffer: &Buffer, out: &mut [u8]) {
     assert!(out.len() <= buffer.len(), "host_read past the end of a block");
     // SAFETY: as for `host_write`, with the roles of the two ranges swapped.
     unsafe { std::ptr::copy_nonoverlapping(buffer.ptr().0 as *const u8, out.as_mut_ptr(), out.len()) }
+}
+
+/// Enqueues on `stream` a write of zero bytes over `tensor`'s `nbytes()` bytes from its first
+/// element, ordered like any kernel writing it ([`Tensor::fill_zeros`] checks the tensor is
+/// contiguous and in host-accessible memory first).
+pub(crate) fn host_zero_fill(stream: &Stream, tensor: &Tensor) -> Result<()> {
+    let (ptr, bytes) = (tensor.data_ptr().0, tensor.nbytes());
+    Tensor::launch(
+        stream,
+        &[],
+        &[tensor],
+        Box::new(move || {
+            // SAFETY: a contiguous tensor in host memory spans exactly `bytes` bytes from `ptr`
+            // (its layout was checked against its storage when it was made). The memory stays
+            // valid until this work has run: `launch` holds borrowed storage, and a pool block
+            // is reused only in stream order.
+            unsafe { std::ptr::write_bytes(ptr as *mut u8, 0, bytes) };
+            Ok(())
+        }),
+    )
 }

@@ -5,7 +5,7 @@ mod host;
 pub(crate) mod pool;
 
 pub use buffer::{Buffer, SubBuffer};
-pub(crate) use host::{host_read, host_write};
+pub(crate) use host::{host_read, host_write, host_zero_fill};
 pub use pool::{ChildPool, MemoryPool, PoolStats};
 
 use crate::device::DeviceId;

@@ -16,8 +16,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::buffer::{Buffer, SubBuffer};
 use super::{round_up, ALIGNMENT};
-use crate::device::{Device, DevicePtr};
+use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::ids::DevicePtr;
 use crate::stream::{Event, Stream, StreamId, StreamRegistry};
 
 const MIN_BLOCK: usize = 512;

@@ -2,6 +2,7 @@
 //! crate): sweeps over the whole input range and around every switch point, special values,
 //! for both [`Plain`](super::Plain) and [`Fused`](super::Fused) evaluation, and for the AVX-512
 //! kernels where the CPU has them (every tail length, in place).
+#![allow(unsafe_code)] // the tests call the kernels on buffers they own.
 
 #[test]
 fn vectorizable_exp_and_tanh_f32_stay_within_a_few_ulp() {

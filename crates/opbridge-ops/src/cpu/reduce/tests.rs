@@ -1,6 +1,7 @@
 //! Tests of the reductions against float64 references computed from the definitions: every
 //! operator, dtype, axis and `keepdims`, strided/transposed/reversed/broadcast inputs, every
 //! parallel path, NaN and inf, empty reductions, numpy's errors and accuracy of the sums.
+#![allow(unsafe_code)] // the tests call the kernels on buffers they own.
 
 use super::*;
 use crate::cpu::Element;

@@ -1,6 +1,7 @@
 //! Tests of the unary operators over strided views: every op and dtype against float64
 //! reference formulas, layouts, broadcasting, in place, around the parallel thresholds,
 //! numpy's special values and result dtypes, and the argument errors.
+#![allow(unsafe_code)] // the tests call the kernels on buffers they own.
 
 use super::*;
 use crate::cpu::broadcast::testing::*;
