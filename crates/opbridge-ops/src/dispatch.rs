@@ -273,8 +273,7 @@ fn convert(t: &Arc<Tensor>, dtype: DType, stream: &Stream, alloc: &dyn Allocate)
         Box::new(move || {
             // SAFETY: `src` is `t`'s validated layout; `dst` is a fresh contiguous block of the
             // same shape; stream order keeps both alive and unaliased until this kernel has run.
-            unsafe { cast::cast_view(&src, &dst) }
-                .map_err(|message| OpError::Kernel { op: "cast".into(), message }.into_async())
+            unsafe { cast::cast_view(&src, &dst) }.map_err(|error| OpError::cpu_kernel("cast", error).into_async())
         }),
     )?;
     Ok(Arc::new(converted))

@@ -6,6 +6,8 @@ use std::sync::Arc;
 use opbridge_runtime::DType;
 pub use opbridge_runtime::ErrorKind;
 
+use crate::cpu::KernelError;
+
 /// An operator's name inside an error: shared, so a plugin's names need no `'static` copy.
 pub type OpName = Arc<str>;
 
@@ -40,9 +42,14 @@ pub enum OpError {
     /// An attribute of the wrong kind (a string where an int is expected...).
     #[error("{op}: {message}")]
     InvalidAttribute { op: String, message: String },
-    /// A kernel refused its input (an index out of range, a negative integer power...).
+    /// An operator's own code failed: a plugin kernel's failure status, a panic, a workspace
+    /// that cannot be allocated, a broken operator contract.
     #[error("{op}: {message}")]
     Kernel { op: OpName, message: String },
+    /// A built-in CPU kernel refused its input (an index out of range, a negative integer
+    /// power...); classified by [`KernelError::kind`].
+    #[error("{op}: {error}")]
+    CpuKernel { op: OpName, error: KernelError },
     #[error(transparent)]
     Runtime(#[from] opbridge_runtime::Error),
     /// An operator library that cannot be loaded (not a plugin, wrong ABI, malformed descriptor)
@@ -55,6 +62,11 @@ pub enum OpError {
 }
 
 impl OpError {
+    /// `error` of a CPU kernel, reported for the operator `op`.
+    pub fn cpu_kernel(op: &str, error: KernelError) -> OpError {
+        OpError::CpuKernel { op: op.into(), error }
+    }
+
     pub fn unsupported_dtype(op: &str, supported: &[DType], got: impl ToString) -> OpError {
         let names: Vec<&str> = supported.iter().map(|d| d.name()).collect();
         OpError::DType { op: op.into(), expected: format!("one of {}", names.join(", ")), got: got.to_string() }
@@ -67,6 +79,7 @@ impl OpError {
             OpError::Shape { .. } => ErrorKind::Shape,
             OpError::DType { .. } => ErrorKind::DType,
             OpError::Device { .. } => ErrorKind::Device,
+            OpError::CpuKernel { error, .. } => error.kind(),
             OpError::Argument { .. }
             | OpError::Kernel { .. }
             | OpError::UnknownAttribute { .. }

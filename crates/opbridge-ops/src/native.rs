@@ -214,7 +214,9 @@ impl From<OpError> for sdk::Error {
             ErrorKind::Shape => sdk::Status::Shape,
             ErrorKind::DType => sdk::Status::DType,
             // A kernel's refusal travels as `Failed`, as a plugin kernel's does.
-            ErrorKind::Argument if !matches!(error, OpError::Kernel { .. }) => sdk::Status::InvalidArgument,
+            ErrorKind::Argument if !matches!(error, OpError::Kernel { .. } | OpError::CpuKernel { .. }) => {
+                sdk::Status::InvalidArgument
+            }
             _ => sdk::Status::Failed,
         };
         sdk::Error::with_cause(status, error.to_string(), error)

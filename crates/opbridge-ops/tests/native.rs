@@ -328,3 +328,62 @@ fn kernels_get_the_workspace_they_ask_for() {
     op.run_cpu(&[Some(f64_view(&mut x)), None], &[f64_view(&mut out)], &attrs(&op, &[])).unwrap();
     assert_eq!(out, x);
 }
+
+#[test]
+fn builtin_kernel_refusals_come_back_typed_with_the_operator_name() {
+    use opbridge_ops::cpu::KernelError;
+    use opbridge_ops::ErrorKind;
+
+    let registry = Registry::new();
+    opbridge_ops::register_builtins(&registry).unwrap();
+    let bag = registry.get("embedding_bag", None).unwrap();
+    let mut weight = [0f32; 10];
+    let (mut indices, mut offsets) = ([0i64, 5], [0i64, 1]);
+    let mut out = [0f32; 4];
+    let view = |ptr: usize, dtype, shape: &[usize]| TensorView::contiguous(ptr, dtype, shape);
+    let err = bag
+        .op
+        .run_cpu(
+            &[
+                Some(view(weight.as_mut_ptr() as usize, RuntimeDType::F32, &[5, 2])),
+                Some(view(indices.as_mut_ptr() as usize, RuntimeDType::I64, &[2])),
+                Some(view(offsets.as_mut_ptr() as usize, RuntimeDType::I64, &[2])),
+            ],
+            &[view(out.as_mut_ptr() as usize, RuntimeDType::F32, &[2, 2])],
+            &attrs(&*bag.op, &[]),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            OpError::CpuKernel { op, error: KernelError::IndexOutOfRange { position: 1, index: 5, rows: 5 } }
+                if &**op == "embedding_bag"
+        ),
+        "{err:?}"
+    );
+    assert_eq!(err.to_string(), "embedding_bag: indices[1] = 5 is out of range for weight with 5 rows (valid: 0..5)");
+    assert_eq!(err.kind(), ErrorKind::Argument);
+
+    let pow = registry.get("pow", None).unwrap();
+    let (mut a, mut b, mut c) = ([2i32, 3], [1i32, -1], [0i32; 2]);
+    let err = pow
+        .op
+        .run_cpu(
+            &[
+                Some(view(a.as_mut_ptr() as usize, RuntimeDType::I32, &[2])),
+                Some(view(b.as_mut_ptr() as usize, RuntimeDType::I32, &[2])),
+            ],
+            &[view(c.as_mut_ptr() as usize, RuntimeDType::I32, &[2])],
+            &attrs(&*pow.op, &[]),
+        )
+        .unwrap_err();
+    assert_eq!(err.to_string(), "pow: Integers to negative integer powers are not allowed.");
+    assert_eq!(err.kind(), ErrorKind::Argument);
+
+    // Shape helpers shared by `infer` report through the same variant, classified as shapes.
+    let add = registry.get("add", None).unwrap();
+    let metas = [Some(Meta::new(DType::F32, &[3])), Some(Meta::new(DType::F32, &[4]))];
+    let err = add.op.infer(&metas, &attrs(&*add.op, &[])).unwrap_err();
+    assert_eq!(err.to_string(), "add: shapes (3,) and (4,) cannot be broadcast together: dimension -1 is 3 vs 4");
+    assert_eq!(err.kind(), ErrorKind::Shape);
+}

@@ -69,11 +69,7 @@ const fn binary_doc(op: BinaryOp) -> &'static str {
 
 /// The output of a binary elementwise op: `a` and `b` broadcast together, of `dtype`.
 fn broadcast_meta(op: &'static str, a: &Meta, b: &Meta, dtype: DType) -> Result<Meta> {
-    let shape = broadcast_shapes(&[&a.shape, &b.shape]).map_err(|message| OpError::Shape {
-        op: op.into(),
-        expected: "broadcastable shapes".into(),
-        got: message,
-    })?;
+    let shape = broadcast_shapes(&[&a.shape, &b.shape]).map_err(kernel(op))?;
     Ok(Meta { dtype, shape })
 }
 

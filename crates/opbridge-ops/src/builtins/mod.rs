@@ -10,6 +10,7 @@ use opbridge_plugin_sdk::{Attrs, DType, InPlace, Inputs, Meta, Op, Tensor, Tenso
 
 use crate::cpu::elementwise::{self, Alias};
 use crate::cpu::matmul as mm;
+use crate::cpu::KernelError;
 use crate::error::{OpError, Result};
 use crate::native::{self, view, view_mut};
 use crate::registry::{Operator, Registry, Source};
@@ -111,13 +112,9 @@ fn vector_add_op() -> Result<Arc<dyn Operator>> {
     )))
 }
 
-/// Maps a kernel's refusal to `OpError::Kernel`, without repeating the op name the kernel's
-/// message may already start with.
-fn kernel(op: &str) -> impl Fn(String) -> crate::error::OpError + '_ {
-    move |message| {
-        let message = message.strip_prefix(&format!("{op}: ")).map(str::to_string).unwrap_or(message);
-        OpError::Kernel { op: op.into(), message }
-    }
+/// Maps a CPU kernel's refusal to `OpError::CpuKernel`, naming the operator `op`.
+fn kernel(op: &str) -> impl Fn(KernelError) -> OpError + '_ {
+    move |error| OpError::cpu_kernel(op, error)
 }
 
 /// Both inputs converted to numpy's result type of `a + b`.

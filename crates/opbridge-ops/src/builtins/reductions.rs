@@ -17,10 +17,6 @@ use crate::registry::Operator;
 const FLOATS: [DType; 3] = [DType::F16, DType::F32, DType::F64];
 const INTS: [DType; 2] = [DType::I32, DType::I64];
 
-fn shape_error(op: &'static str) -> impl Fn(String) -> OpError {
-    move |message| OpError::Shape { op: op.into(), expected: "a valid axis and shape".into(), got: message }
-}
-
 pub fn all() -> Result<Vec<Arc<dyn Operator>>> {
     fn arc<O: Op>() -> Result<Arc<dyn Operator>> {
         Ok(Arc::new(native::op::<O>()?))
@@ -80,7 +76,7 @@ impl<const K: usize> Op for Reduction<K> {
     fn infer(inputs: &Inputs<'_, Meta>, attrs: &Attrs<'_>) -> OpResult<Vec<Meta>> {
         let x = &inputs[0];
         let keepdims = Self::KEEPDIMS && attrs.bool("keepdims")?;
-        let shape = reduce_shape(&x.shape, Self::axis(attrs)?, keepdims).map_err(shape_error(Self::NAME))?;
+        let shape = reduce_shape(&x.shape, Self::axis(attrs)?, keepdims).map_err(kernel(Self::NAME))?;
         Ok(vec![Meta { dtype: reduce_result_dtype(Self::OP, x.dtype), shape }])
     }
 
@@ -114,7 +110,7 @@ impl<const LOG: bool> Op for Softmax<LOG> {
 
     fn infer(inputs: &Inputs<'_, Meta>, attrs: &Attrs<'_>) -> OpResult<Vec<Meta>> {
         let x = &inputs[0];
-        normalize_axis(attrs.int("axis")? as isize, x.shape.len().max(1)).map_err(shape_error(Self::NAME))?;
+        normalize_axis(attrs.int("axis")? as isize, x.shape.len().max(1)).map_err(kernel(Self::NAME))?;
         Ok(vec![x.clone()])
     }
 
@@ -304,11 +300,7 @@ impl Op for BatchedMatmul {
 
     fn infer(inputs: &Inputs<'_, Meta>, _: &Attrs<'_>) -> OpResult<Vec<Meta>> {
         let (a, b) = (&inputs[0], &inputs[1]);
-        let shape = matmul_shapes(&a.shape, &b.shape).map_err(|message| OpError::Shape {
-            op: Self::NAME.into(),
-            expected: "shapes valid for `@`".into(),
-            got: message,
-        })?;
+        let shape = matmul_shapes(&a.shape, &b.shape).map_err(kernel(Self::NAME))?;
         Ok(vec![Meta { dtype: a.dtype.promote(b.dtype), shape }])
     }
 

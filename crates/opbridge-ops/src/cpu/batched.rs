@@ -21,6 +21,7 @@ use half::slice::HalfFloatSliceExt;
 use opbridge_runtime::DType;
 use rayon::prelude::*;
 
+use super::error::KernelError;
 use super::matmul::{self, MatRef};
 use super::reduce::{avx2_multiversion, offsets_at};
 use super::thresholds::BATCHED_MATMUL_PARALLEL_MIN_FLOPS;
@@ -30,16 +31,11 @@ use crate::view::TensorView;
 /// dtypes `batched_matmul` has kernels for.
 pub const BATCHED_MATMUL_DTYPES: [DType; 5] = DType::ALL;
 
-const SIGNATURE: &str = "(n?,k),(k,m?)->(n?,m?)";
-
 /// The result shape of `a @ b` under numpy's rules, or numpy's error.
-pub fn matmul_shapes(a: &[usize], b: &[usize]) -> Result<Vec<usize>, String> {
+pub fn matmul_shapes(a: &[usize], b: &[usize]) -> Result<Vec<usize>, KernelError> {
     for (operand, shape) in [(0, a), (1, b)] {
         if shape.is_empty() {
-            return Err(format!(
-                "matmul: Input operand {operand} does not have enough dimensions (has 0, gufunc core with \
-                 signature {SIGNATURE} requires 1)"
-            ));
+            return Err(KernelError::MatmulOperandDims { operand });
         }
     }
     let (a_batch, m, ka) = match a {
@@ -53,10 +49,7 @@ pub fn matmul_shapes(a: &[usize], b: &[usize]) -> Result<Vec<usize>, String> {
         [] => unreachable!("checked above"),
     };
     if ka != kb {
-        return Err(format!(
-            "matmul: Input operand 1 has a mismatch in its core dimension 0, with gufunc signature {SIGNATURE} \
-             (size {kb} is different from {ka})"
-        ));
+        return Err(KernelError::MatmulCoreDims { a: ka, b: kb });
     }
     let nd = a_batch.len().max(b_batch.len());
     let mut shape = Vec::with_capacity(nd + 2);
@@ -64,10 +57,7 @@ pub fn matmul_shapes(a: &[usize], b: &[usize]) -> Result<Vec<usize>, String> {
         let dim = |batch: &[usize]| (i + batch.len()).checked_sub(nd).map_or(1, |j| batch[j]);
         let (x, y) = (dim(a_batch), dim(b_batch));
         if x != y && x != 1 && y != 1 {
-            return Err(format!(
-                "matmul: batch dimensions {a_batch:?} of a (shape {a:?}) and {b_batch:?} of b (shape {b:?}) \
-                 cannot be broadcast together"
-            ));
+            return Err(KernelError::MatmulBatch { a: a.to_vec(), b: b.to_vec() });
         }
         shape.push(if x == 1 { y } else { x });
     }
@@ -84,21 +74,18 @@ pub fn matmul_shapes(a: &[usize], b: &[usize]) -> Result<Vec<usize>, String> {
 /// Each view describes valid, aligned memory for its shape, strides and dtype; `out` is
 /// writable, overlaps neither input, no two of its elements share an address, and no other
 /// thread touches it during the call.
-pub unsafe fn batched_matmul(a: &TensorView, b: &TensorView, out: &TensorView) -> Result<(), String> {
+pub unsafe fn batched_matmul(a: &TensorView, b: &TensorView, out: &TensorView) -> Result<(), KernelError> {
     for (what, v) in [("a", a), ("b", b), ("out", out)] {
         if v.shape.len() != v.strides.len() {
-            return Err(format!("matmul: {what} has {} dims but {} strides", v.shape.len(), v.strides.len()));
+            return Err(KernelError::MalformedView { what, dims: v.shape.len(), strides: v.strides.len() });
         }
     }
     if a.dtype != b.dtype || out.dtype != a.dtype {
-        return Err(format!(
-            "matmul: a, b and out must share one dtype, got {}, {} and {}",
-            a.dtype, b.dtype, out.dtype
-        ));
+        return Err(KernelError::MatmulDTypes { a: a.dtype, b: b.dtype, out: out.dtype });
     }
     let shape = matmul_shapes(&a.shape, &b.shape)?;
     if out.shape.as_slice() != shape.as_slice() {
-        return Err(format!("matmul: out must have shape {shape:?}, got {:?}", out.shape));
+        return Err(KernelError::Shape { what: "out", expected: format!("{shape:?}"), got: out.shape.to_vec() });
     }
 
     // Promote 1-D operands to matrices; give `out` the removed dimensions back (size 1).
@@ -598,19 +585,22 @@ mod tests {
             assert_eq!(matmul_shapes(a, b).unwrap(), want, "{a:?} @ {b:?}");
         }
         assert_eq!(
-            matmul_shapes(&[2, 3], &[4, 5]).unwrap_err(),
-            "matmul: Input operand 1 has a mismatch in its core dimension 0, with gufunc signature \
+            matmul_shapes(&[2, 3], &[4, 5]).unwrap_err().to_string(),
+            "Input operand 1 has a mismatch in its core dimension 0, with gufunc signature \
              (n?,k),(k,m?)->(n?,m?) (size 4 is different from 3)"
         );
         assert_eq!(
-            matmul_shapes(&[], &[3]).unwrap_err(),
-            "matmul: Input operand 0 does not have enough dimensions (has 0, gufunc core with signature \
+            matmul_shapes(&[], &[3]).unwrap_err().to_string(),
+            "Input operand 0 does not have enough dimensions (has 0, gufunc core with signature \
              (n?,k),(k,m?)->(n?,m?) requires 1)"
         );
-        assert!(matmul_shapes(&[3], &[]).unwrap_err().contains("Input operand 1 does not have enough dimensions"));
+        assert!(matmul_shapes(&[3], &[])
+            .unwrap_err()
+            .to_string()
+            .contains("Input operand 1 does not have enough dimensions"));
         assert_eq!(
-            matmul_shapes(&[2, 2, 3], &[3, 3, 4]).unwrap_err(),
-            "matmul: batch dimensions [2] of a (shape [2, 2, 3]) and [3] of b (shape [3, 3, 4]) cannot be broadcast together"
+            matmul_shapes(&[2, 2, 3], &[3, 3, 4]).unwrap_err().to_string(),
+            "batch dimensions [2] of a (shape [2, 2, 3]) and [3] of b (shape [3, 3, 4]) cannot be broadcast together"
         );
     }
 
@@ -708,13 +698,16 @@ mod tests {
         // SAFETY: (all calls) validation fails before anything is read or written.
         unsafe {
             assert_eq!(
-                batched_matmul(&va, &vb, &vo).unwrap_err(),
-                "matmul: a, b and out must share one dtype, got float32, float64 and float32"
+                batched_matmul(&va, &vb, &vo).unwrap_err().to_string(),
+                "a, b and out must share one dtype, got float32, float64 and float32"
             );
             let vb = TensorView { dtype: DType::F32, ..vb };
             let wrong = TensorView { shape: smallvec::smallvec![4], strides: smallvec::smallvec![1], ..vo.clone() };
-            assert_eq!(batched_matmul(&va, &vb, &wrong).unwrap_err(), "matmul: out must have shape [2, 2], got [4]");
-            assert!(batched_matmul(&va, &va, &vo).unwrap_err().contains("mismatch in its core dimension"));
+            assert_eq!(
+                batched_matmul(&va, &vb, &wrong).unwrap_err().to_string(),
+                "out must have shape [2, 2], got [4]"
+            );
+            assert!(batched_matmul(&va, &va, &vo).unwrap_err().to_string().contains("mismatch in its core dimension"));
         }
     }
 }

@@ -15,13 +15,14 @@ use half::f16;
 use opbridge_runtime::DType;
 
 use super::broadcast::{self, StridedLoop};
+use super::error::KernelError;
 use super::math::{FloatElement, IntElement, Real};
 use super::thresholds;
 use super::Element;
 use crate::view::TensorView;
 
 /// The message numpy raises for integer `pow` with a negative exponent.
-pub const NEGATIVE_INT_POWER: &str = "Integers to negative integer powers are not allowed.";
+pub use super::error::NEGATIVE_INT_POWER;
 
 /// Elementwise binary operators.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -97,10 +98,10 @@ pub fn binary_result_dtype(op: BinaryOp, a: DType, b: DType) -> DType {
 /// `out = op(a, b)` elementwise, with `a` and `b` broadcast to `out.shape` (numpy allows `out`
 /// to be larger than the inputs' broadcast shape, so do we).
 ///
-/// Errors (the caller maps them to typed errors): dtypes differ from `out.dtype`; integer
+/// Errors (the caller attaches the op name): dtypes differ from `out.dtype`; integer
 /// `div` (cast to [`binary_result_dtype`] first); an input does not broadcast to
 /// `out.shape`; `out` names an element twice (a stride-0 dimension); integer `pow` with a
-/// negative exponent (the message is [`NEGATIVE_INT_POWER`]; nothing is written then).
+/// negative exponent ([`KernelError::NegativeIntPower`]; nothing is written then).
 ///
 /// # Safety
 /// Every element of `a` and `b` (their shapes and strides) is readable and every element of
@@ -108,30 +109,27 @@ pub fn binary_result_dtype(op: BinaryOp, a: DType, b: DType) -> DType {
 /// `out` is either disjoint from an input or exactly that input (same address, and same
 /// strides once the input is broadcast to `out.shape`), and no two indices of `out` name the
 /// same element.
-pub unsafe fn binary(op: BinaryOp, a: &TensorView, b: &TensorView, out: &TensorView) -> Result<(), String> {
+pub unsafe fn binary(op: BinaryOp, a: &TensorView, b: &TensorView, out: &TensorView) -> Result<(), KernelError> {
     if a.dtype != out.dtype || b.dtype != out.dtype {
-        return Err(format!(
-            "{op}: inputs are {} and {} but out is {} (cast the inputs to the result dtype first)",
-            a.dtype, b.dtype, out.dtype
-        ));
+        return Err(KernelError::BinaryDTypes { a: a.dtype, b: b.dtype, out: out.dtype });
     }
     if op == BinaryOp::Div && !out.dtype.is_float() {
-        return Err(format!("div has no {} kernel: numpy's true division gives float64, cast to it first", out.dtype));
+        return Err(KernelError::IntegerDivision { dtype: out.dtype });
     }
-    let lp = broadcast_loop(op.name(), a, b, out)?;
+    let lp = broadcast_loop(a, b, out)?;
     if op == BinaryOp::Pow && !out.dtype.is_float() && has_negative(b) {
-        return Err(NEGATIVE_INT_POWER.to_string());
+        return Err(KernelError::NegativeIntPower);
     }
     run_loop(op, out.dtype, &lp, op.parallel_min());
     Ok(())
 }
 
-/// The walk over `[out, a, b]` with `a` and `b` broadcast to `out.shape`; errors name `name`.
-fn broadcast_loop(name: &str, a: &TensorView, b: &TensorView, out: &TensorView) -> Result<StridedLoop<3>, String> {
-    let a_full = broadcast::try_broadcast_view(a, &out.shape).map_err(|e| format!("{name}: {e}"))?;
-    let b_full = broadcast::try_broadcast_view(b, &out.shape).map_err(|e| format!("{name}: {e}"))?;
+/// The walk over `[out, a, b]` with `a` and `b` broadcast to `out.shape`.
+fn broadcast_loop(a: &TensorView, b: &TensorView, out: &TensorView) -> Result<StridedLoop<3>, KernelError> {
+    let a_full = broadcast::try_broadcast_view(a, &out.shape)?;
+    let b_full = broadcast::try_broadcast_view(b, &out.shape)?;
     if broadcast::has_repeated_elements(out) {
-        return Err(format!("{name}: out has a stride-0 dimension (it names one element several times)"));
+        return Err(KernelError::RepeatedOutput { what: "out" });
     }
     Ok(StridedLoop::new([out, &a_full, &b_full]))
 }
@@ -152,14 +150,11 @@ fn run_loop(op: BinaryOp, dtype: DType, lp: &StridedLoop<3>, min: usize) {
 ///
 /// # Safety
 /// As for [`binary`].
-pub unsafe fn axpy(alpha: f64, x: &TensorView, y: &TensorView, out: &TensorView) -> Result<(), String> {
+pub unsafe fn axpy(alpha: f64, x: &TensorView, y: &TensorView, out: &TensorView) -> Result<(), KernelError> {
     if x.dtype != out.dtype || y.dtype != out.dtype || !out.dtype.is_float() {
-        return Err(format!(
-            "axpy: expected x, y and out of one float dtype, got {}, {} and {}",
-            x.dtype, y.dtype, out.dtype
-        ));
+        return Err(KernelError::AxpyDTypes { x: x.dtype, y: y.dtype, out: out.dtype });
     }
-    let lp = broadcast_loop("axpy", x, y, out)?;
+    let lp = broadcast_loop(x, y, out)?;
     let min = thresholds::elementwise_parallel_min();
     fn run<T: FloatElement>(alpha: f64, lp: &StridedLoop<3>, min: usize) {
         let alpha = <T::R as Real>::c(alpha);
@@ -478,7 +473,7 @@ mod tests {
         run::<i32>(BinaryOp::Mul);
     }
 
-    fn eval<T: Element>(op: BinaryOp, xs: &[T], ys: &[T]) -> Result<Vec<T>, String> {
+    fn eval<T: Element>(op: BinaryOp, xs: &[T], ys: &[T]) -> Result<Vec<T>, KernelError> {
         let a = make(&[xs.len()], Layout::Contiguous, xs);
         let b = make(&[ys.len()], Layout::Contiguous, ys);
         let out = alloc(T::DTYPE, &[xs.len().max(ys.len())], Layout::Contiguous);
@@ -508,7 +503,7 @@ mod tests {
         // 3^(2^63 - 1) = prod of 3^(2^k), k < 63, modulo 2^64; and 3^(2^62) == 1 modulo 2^64.
         let want = (0..63).fold((1i64, 3i64), |(acc, base), _| (acc.wrapping_mul(base), base.wrapping_mul(base))).0;
         assert_eq!(eval(BinaryOp::Pow, &[3i64, 3], &[i64::MAX, 1 << 62]).unwrap(), [want, 1]);
-        assert_eq!(eval(BinaryOp::Pow, &[1i32], &[-1]).unwrap_err(), NEGATIVE_INT_POWER);
+        assert_eq!(eval(BinaryOp::Pow, &[1i32], &[-1]).unwrap_err().to_string(), NEGATIVE_INT_POWER);
         assert_eq!(eval(BinaryOp::Pow, &[2.0f32], &[-1.0]).unwrap(), [0.5]);
         let h = |v: f32| f16::from_f32(v);
         assert_eq!(eval(BinaryOp::Mul, &[h(300.0)], &[h(300.0)]).unwrap(), [f16::INFINITY]);
@@ -521,7 +516,8 @@ mod tests {
         let b = make(&[4], Layout::Contiguous, &[2i64, 2, -1, 2]);
         // SAFETY: `out` is exactly `b`.
         let err = unsafe { binary(BinaryOp::Pow, &a.view, &b.view, &b.view) }.unwrap_err();
-        assert_eq!(err, NEGATIVE_INT_POWER);
+        assert_eq!(err, KernelError::NegativeIntPower);
+        assert_eq!(err.to_string(), NEGATIVE_INT_POWER);
         assert_eq!(read::<i64>(&b.view), [2, 2, -1, 2]);
     }
 
@@ -549,11 +545,14 @@ mod tests {
         let ints = make(&[3], Layout::Contiguous, &[1i32, 2, 3]);
         // SAFETY: every call fails its checks before touching memory.
         unsafe {
-            assert!(binary(BinaryOp::Add, &a.view, &b.view, &out.view).unwrap_err().contains("(4,)"));
-            assert!(binary(BinaryOp::Add, &a.view, &a.view, &out64.view).unwrap_err().contains("float64"));
-            assert!(binary(BinaryOp::Div, &ints.view, &ints.view, &ints.view).unwrap_err().contains("float64"));
+            assert!(binary(BinaryOp::Add, &a.view, &b.view, &out.view).unwrap_err().to_string().contains("(4,)"));
+            assert!(binary(BinaryOp::Add, &a.view, &a.view, &out64.view).unwrap_err().to_string().contains("float64"));
+            assert!(binary(BinaryOp::Div, &ints.view, &ints.view, &ints.view)
+                .unwrap_err()
+                .to_string()
+                .contains("float64"));
             let repeated = broadcast::broadcast_view(&a.view, &[2, 3]);
-            assert!(binary(BinaryOp::Add, &a.view, &a.view, &repeated).unwrap_err().contains("stride-0"));
+            assert!(binary(BinaryOp::Add, &a.view, &a.view, &repeated).unwrap_err().to_string().contains("stride-0"));
         }
     }
 }

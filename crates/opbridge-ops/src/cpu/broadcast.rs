@@ -10,6 +10,7 @@
 
 use rayon::prelude::*;
 
+use super::error::KernelError;
 use crate::view::TensorView;
 
 /// Elements per parallel task never go below this (memory-bound work gains nothing from finer
@@ -25,7 +26,7 @@ pub fn shape_str(shape: &[usize]) -> String {
 }
 
 /// The shape numpy broadcasts `shapes` to: aligned from the right, each dimension equal or 1.
-pub fn broadcast_shapes(shapes: &[&[usize]]) -> Result<Vec<usize>, String> {
+pub fn broadcast_shapes(shapes: &[&[usize]]) -> Result<Vec<usize>, KernelError> {
     let ndim = shapes.iter().map(|s| s.len()).max().unwrap_or(0);
     let mut out = vec![1usize; ndim];
     // `owner[i]`: which input set `out[i]` (to name it in the error).
@@ -41,14 +42,11 @@ pub fn broadcast_shapes(shapes: &[&[usize]]) -> Result<Vec<usize>, String> {
                 out[i] = d;
                 owner[i] = which;
             } else {
-                return Err(format!(
-                    "shapes {} and {} cannot be broadcast together: dimension {} is {} vs {}",
-                    shape_str(shapes[owner[i]]),
-                    shape_str(shape),
-                    i as isize - ndim as isize,
-                    out[i],
-                    d
-                ));
+                return Err(KernelError::Broadcast {
+                    shapes: [shapes[owner[i]].to_vec(), shape.to_vec()],
+                    dim: i as isize - ndim as isize,
+                    sizes: [out[i], d],
+                });
             }
         }
     }
@@ -59,12 +57,11 @@ pub fn broadcast_shapes(shapes: &[&[usize]]) -> Result<Vec<usize>, String> {
 /// stride 0. Errors when `view.shape` does not broadcast to `shape` (numpy's
 /// `np.broadcast_to` rule: only size-1 dimensions stretch, and `shape` has at least as many
 /// dimensions).
-pub fn try_broadcast_view(view: &TensorView, shape: &[usize]) -> Result<TensorView, String> {
+pub fn try_broadcast_view(view: &TensorView, shape: &[usize]) -> Result<TensorView, KernelError> {
     if view.shape.as_slice() == shape {
         return Ok(view.clone());
     }
-    let fail =
-        || format!("an array of shape {} cannot be broadcast to shape {}", shape_str(&view.shape), shape_str(shape));
+    let fail = || KernelError::BroadcastTo { from: view.shape.to_vec(), to: shape.to_vec() };
     let Some(lead) = shape.len().checked_sub(view.ndim()) else {
         return Err(fail());
     };
@@ -616,7 +613,7 @@ mod tests {
         for (shapes, want) in ok {
             assert_eq!(broadcast_shapes(shapes).unwrap(), want, "{shapes:?}");
         }
-        let err = broadcast_shapes(&[&[3, 4], &[5]]).unwrap_err();
+        let err = broadcast_shapes(&[&[3, 4], &[5]]).unwrap_err().to_string();
         assert!(err.contains("(3, 4)") && err.contains("(5,)") && err.contains("4 vs 5"), "{err}");
         assert!(broadcast_shapes(&[&[2, 1], &[8, 4, 3]]).is_err());
         assert!(broadcast_shapes(&[&[0], &[2]]).is_err());

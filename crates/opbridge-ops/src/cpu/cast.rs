@@ -18,6 +18,7 @@ use half::f16;
 use opbridge_runtime::DType;
 
 use super::broadcast::{self, StridedLoop};
+use super::error::KernelError;
 use super::thresholds;
 use super::Element;
 use crate::view::TensorView;
@@ -108,13 +109,13 @@ fn convert<S: Element, D: FromFloat>(s: S) -> D {
 /// writable, aligned for their dtypes; nothing else writes them during the call; `dst` does
 /// not overlap `src` (an exactly identical view of the same dtype is allowed: nothing is
 /// done), and no two indices of `dst` name the same element.
-pub unsafe fn cast_view(src: &TensorView, dst: &TensorView) -> Result<(), String> {
+pub unsafe fn cast_view(src: &TensorView, dst: &TensorView) -> Result<(), KernelError> {
     if src == dst {
         return Ok(());
     }
-    let src = broadcast::try_broadcast_view(src, &dst.shape).map_err(|e| format!("cast: {e}"))?;
+    let src = broadcast::try_broadcast_view(src, &dst.shape)?;
     if broadcast::has_repeated_elements(dst) {
-        return Err("cast: the destination has a stride-0 dimension (it names one element several times)".into());
+        return Err(KernelError::RepeatedOutput { what: "the destination" });
     }
     let lp = StridedLoop::new([dst, &src]);
     crate::with_dtype!(src.dtype, S => {
@@ -339,7 +340,7 @@ mod tests {
         unsafe {
             cast_view(&a.view, &a.view).unwrap();
             let wide = alloc(DType::F64, &[2, 4], Layout::Contiguous);
-            assert!(cast_view(&a.view, &wide.view).unwrap_err().contains("(2, 4)"));
+            assert!(cast_view(&a.view, &wide.view).unwrap_err().to_string().contains("(2, 4)"));
             let repeated = broadcast::broadcast_view(&wide.view, &[3, 2, 4]);
             assert!(cast_view(&a.view, &repeated).is_err());
         }

@@ -13,6 +13,7 @@ use half::f16;
 use opbridge_runtime::DType;
 use rayon::prelude::*;
 
+use super::error::KernelError;
 use super::reduce::avx2_multiversion;
 use super::thresholds::EMBEDDING_PARALLEL_MIN_ELEMS;
 use super::Element;
@@ -40,8 +41,6 @@ impl BagMode {
     }
 }
 
-const OP: &str = "embedding_bag";
-
 /// `out[b] = reduce(weight[indices[offsets[b]..offsets[b + 1]]])` for every bag `b` (the last
 /// bag ends at `indices.len()`).
 ///
@@ -60,32 +59,44 @@ pub unsafe fn embedding_bag(
     offsets: &TensorView,
     mode: BagMode,
     out: &TensorView,
-) -> Result<(), String> {
+) -> Result<(), KernelError> {
     for (what, v) in [("weight", weight), ("indices", indices), ("offsets", offsets), ("out", out)] {
         if v.shape.len() != v.strides.len() {
-            return Err(format!("{OP}: {what} has {} dims but {} strides", v.shape.len(), v.strides.len()));
+            return Err(KernelError::MalformedView { what, dims: v.shape.len(), strides: v.strides.len() });
         }
     }
     let &[num_embeddings, dim] = weight.shape.as_slice() else {
-        return Err(format!("{OP}: weight must be 2-D (num_embeddings, dim), got shape {:?}", weight.shape));
+        return Err(KernelError::Rank {
+            what: "weight",
+            expected: "2-D (num_embeddings, dim)",
+            got: weight.shape.to_vec(),
+        });
     };
     if !weight.dtype.is_float() {
-        return Err(format!("{OP}: weight must be float16, float32 or float64, got {}", weight.dtype));
+        return Err(KernelError::DTypeNotIn {
+            what: "weight",
+            expected: "float16, float32 or float64",
+            got: weight.dtype,
+        });
     }
     for (what, v) in [("indices", indices), ("offsets", offsets)] {
         if v.ndim() != 1 {
-            return Err(format!("{OP}: {what} must be 1-D, got shape {:?}", v.shape));
+            return Err(KernelError::Rank { what, expected: "1-D", got: v.shape.to_vec() });
         }
         if v.dtype.is_float() {
-            return Err(format!("{OP}: {what} must be int32 or int64, got {}", v.dtype));
+            return Err(KernelError::DTypeNotIn { what, expected: "int32 or int64", got: v.dtype });
         }
     }
     let bags = offsets.shape[0];
     if out.dtype != weight.dtype {
-        return Err(format!("{OP}: out must have dtype {} like weight, got {}", weight.dtype, out.dtype));
+        return Err(KernelError::DTypeMismatch { what: "out", expected: weight.dtype, like: "weight", got: out.dtype });
     }
     if out.shape.as_slice() != [bags, dim] {
-        return Err(format!("{OP}: out must have shape [{bags}, {dim}] (bags, dim), got {:?}", out.shape));
+        return Err(KernelError::Shape {
+            what: "out",
+            expected: format!("[{bags}, {dim}] (bags, dim)"),
+            got: out.shape.to_vec(),
+        });
     }
 
     // Validate everything before touching a weight row.
@@ -94,10 +105,7 @@ pub unsafe fn embedding_bag(
     let mut rows_checked = Vec::with_capacity(rows.len());
     for (position, &row) in rows.iter().enumerate() {
         if row < 0 || row as u64 >= num_embeddings as u64 {
-            return Err(format!(
-                "{OP}: indices[{position}] = {row} is out of range for weight with {num_embeddings} rows \
-                 (valid: 0..{num_embeddings})"
-            ));
+            return Err(KernelError::IndexOutOfRange { position, index: row, rows: num_embeddings });
         }
         rows_checked.push(row as usize);
     }
@@ -106,20 +114,13 @@ pub unsafe fn embedding_bag(
     let mut bounds = Vec::with_capacity(bags + 1);
     for (position, &start) in starts.iter().enumerate() {
         if position == 0 && start != 0 {
-            return Err(format!("{OP}: offsets[0] must be 0, got {start}"));
+            return Err(KernelError::OffsetsStart { got: start });
         }
         if position > 0 && start < starts[position - 1] {
-            return Err(format!(
-                "{OP}: offsets must not decrease, but offsets[{position}] = {start} < offsets[{}] = {}",
-                position - 1,
-                starts[position - 1]
-            ));
+            return Err(KernelError::OffsetsDecrease { position, offset: start, previous: starts[position - 1] });
         }
         if start as u64 > rows.len() as u64 {
-            return Err(format!(
-                "{OP}: offsets[{position}] = {start} is beyond the end of indices (length {})",
-                rows.len()
-            ));
+            return Err(KernelError::OffsetBeyondEnd { position, offset: start, len: rows.len() });
         }
         bounds.push(start as usize);
     }
@@ -439,20 +440,24 @@ mod tests {
         };
         assert_eq!(
             call(&[0, 5], &[0, 1]).unwrap_err(),
-            "embedding_bag: indices[1] = 5 is out of range for weight with 5 rows (valid: 0..5)"
+            KernelError::IndexOutOfRange { position: 1, index: 5, rows: 5 }
         );
         assert_eq!(
-            call(&[-1, 0], &[0, 1]).unwrap_err(),
-            "embedding_bag: indices[0] = -1 is out of range for weight with 5 rows (valid: 0..5)"
-        );
-        assert_eq!(call(&[0, 1], &[1, 1]).unwrap_err(), "embedding_bag: offsets[0] must be 0, got 1");
-        assert_eq!(
-            call(&[0, 1, 2], &[0, 2, 1]).unwrap_err(),
-            "embedding_bag: offsets must not decrease, but offsets[2] = 1 < offsets[1] = 2"
+            call(&[0, 5], &[0, 1]).unwrap_err().to_string(),
+            "indices[1] = 5 is out of range for weight with 5 rows (valid: 0..5)"
         );
         assert_eq!(
-            call(&[0, 1], &[0, 3]).unwrap_err(),
-            "embedding_bag: offsets[1] = 3 is beyond the end of indices (length 2)"
+            call(&[-1, 0], &[0, 1]).unwrap_err().to_string(),
+            "indices[0] = -1 is out of range for weight with 5 rows (valid: 0..5)"
+        );
+        assert_eq!(call(&[0, 1], &[1, 1]).unwrap_err().to_string(), "offsets[0] must be 0, got 1");
+        assert_eq!(
+            call(&[0, 1, 2], &[0, 2, 1]).unwrap_err().to_string(),
+            "offsets must not decrease, but offsets[2] = 1 < offsets[1] = 2"
+        );
+        assert_eq!(
+            call(&[0, 1], &[0, 3]).unwrap_err().to_string(),
+            "offsets[1] = 3 is beyond the end of indices (length 2)"
         );
         call(&[0, 1], &[0, 2]).unwrap();
         call(&[4, 0], &[0, 1]).unwrap();
@@ -464,18 +469,18 @@ mod tests {
         // SAFETY: (all calls) validation fails before anything is read or written.
         unsafe {
             assert_eq!(
-                embedding_bag(&fw, &r, &f, BagMode::Max, &o).unwrap_err(),
-                "embedding_bag: weight must be float16, float32 or float64, got int64"
+                embedding_bag(&fw, &r, &f, BagMode::Max, &o).unwrap_err().to_string(),
+                "weight must be float16, float32 or float64, got int64"
             );
             let fl = view(&w, &[2], &[1], 0);
             assert_eq!(
-                embedding_bag(&weight, &fl, &f, BagMode::Max, &o).unwrap_err(),
-                "embedding_bag: indices must be int32 or int64, got float32"
+                embedding_bag(&weight, &fl, &f, BagMode::Max, &o).unwrap_err().to_string(),
+                "indices must be int32 or int64, got float32"
             );
             let wrong = TensorView { shape: smallvec::smallvec![3, 2], ..o.clone() };
             assert_eq!(
-                embedding_bag(&weight, &r, &f, BagMode::Max, &wrong).unwrap_err(),
-                "embedding_bag: out must have shape [2, 2] (bags, dim), got [3, 2]"
+                embedding_bag(&weight, &r, &f, BagMode::Max, &wrong).unwrap_err().to_string(),
+                "out must have shape [2, 2] (bags, dim), got [3, 2]"
             );
         }
     }

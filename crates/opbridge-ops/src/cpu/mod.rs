@@ -12,6 +12,7 @@ pub mod broadcast;
 pub mod cast;
 pub mod elementwise;
 pub mod embedding;
+pub mod error;
 pub(crate) mod math;
 pub mod matmul;
 pub mod nn;
@@ -19,6 +20,8 @@ pub mod reduce;
 pub mod streaming;
 pub mod thresholds;
 pub mod unary;
+
+pub use error::KernelError;
 
 use half::f16;
 

@@ -25,6 +25,7 @@ use half::slice::HalfFloatSliceExt;
 use opbridge_runtime::DType;
 use rayon::prelude::*;
 
+use super::error::KernelError;
 use super::reduce::{avx2_multiversion, normalize_axis, offsets_at};
 use super::thresholds::NN_PARALLEL_MIN_ELEMS;
 use crate::view::TensorView;
@@ -356,7 +357,7 @@ where
 
 /// Runs `$body` with `$t` bound to the storage type of a float dtype; other dtypes are an error.
 macro_rules! with_float {
-    ($op:expr, $dtype:expr, $t:ident => $body:expr) => {
+    ($dtype:expr, $t:ident => $body:expr) => {
         match $dtype {
             DType::F16 => {
                 type $t = f16;
@@ -370,34 +371,42 @@ macro_rules! with_float {
                 type $t = f64;
                 $body
             }
-            other => return Err(format!("{}: float16, float32 or float64 input required, got {other}", $op)),
+            other => return Err(KernelError::FloatRequired { got: other }),
         }
     };
 }
 
-fn check_same(op: &str, x: &TensorView, out: &TensorView) -> Result<(), String> {
+fn check_same(x: &TensorView, out: &TensorView) -> Result<(), KernelError> {
     for (what, v) in [("x", x), ("out", out)] {
         if v.shape.len() != v.strides.len() {
-            return Err(format!("{op}: {what} has {} dims but {} strides", v.shape.len(), v.strides.len()));
+            return Err(KernelError::MalformedView { what, dims: v.shape.len(), strides: v.strides.len() });
         }
     }
     if out.dtype != x.dtype {
-        return Err(format!("{op}: out must have dtype {} like x, got {}", x.dtype, out.dtype));
+        return Err(KernelError::DTypeMismatch { what: "out", expected: x.dtype, like: "x", got: out.dtype });
     }
     if out.shape != x.shape {
-        return Err(format!("{op}: out must have shape {:?} like x, got {:?}", x.shape, out.shape));
+        return Err(KernelError::Shape {
+            what: "out",
+            expected: format!("{:?} like x", x.shape),
+            got: out.shape.to_vec(),
+        });
     }
     Ok(())
 }
 
 /// Checks a weight or bias against the last dimension of `x`.
-fn check_param(op: &str, what: &str, p: &TensorView, x: &TensorView) -> Result<(), String> {
+fn check_param(what: &'static str, p: &TensorView, x: &TensorView) -> Result<(), KernelError> {
     let last = *x.shape.last().expect("x has at least one dimension");
     if p.dtype != x.dtype {
-        return Err(format!("{op}: {what} must have dtype {} like x, got {}", x.dtype, p.dtype));
+        return Err(KernelError::DTypeMismatch { what, expected: x.dtype, like: "x", got: p.dtype });
     }
     if p.shape.as_slice() != [last] || p.strides.len() != 1 {
-        return Err(format!("{op}: {what} must have shape [{last}] (the last dimension of x), got {:?}", p.shape));
+        return Err(KernelError::Shape {
+            what,
+            expected: format!("[{last}] (the last dimension of x)"),
+            got: p.shape.to_vec(),
+        });
     }
     Ok(())
 }
@@ -414,11 +423,11 @@ unsafe fn load_param<T: Storage>(p: &TensorView) -> Vec<T::C> {
 
 /// # Safety
 /// As for [`softmax`].
-unsafe fn softmax_like(op: &str, x: &TensorView, axis: isize, out: &TensorView, log: bool) -> Result<(), String> {
-    check_same(op, x, out)?;
+unsafe fn softmax_like(x: &TensorView, axis: isize, out: &TensorView, log: bool) -> Result<(), KernelError> {
+    check_same(x, out)?;
     // A 0-d input is one line (torch allows dim 0 and -1 there).
     let axis = normalize_axis(axis, x.ndim().max(1))?;
-    with_float!(op, x.dtype, T => {
+    with_float!(x.dtype, T => {
         // SAFETY: the public callers' contract; `T` matches both dtypes (checked above).
         unsafe {
             if log {
@@ -438,9 +447,9 @@ unsafe fn softmax_like(op: &str, x: &TensorView, axis: isize, out: &TensorView, 
 /// `x` and `out` describe valid, aligned memory for their shapes, strides and dtypes; `out` is
 /// writable, is either disjoint from `x` or exactly the same view (in place), and no other
 /// thread touches it during the call.
-pub unsafe fn softmax(x: &TensorView, axis: isize, out: &TensorView) -> Result<(), String> {
+pub unsafe fn softmax(x: &TensorView, axis: isize, out: &TensorView) -> Result<(), KernelError> {
     // SAFETY: forwarded.
-    unsafe { softmax_like("softmax", x, axis, out, false) }
+    unsafe { softmax_like(x, axis, out, false) }
 }
 
 /// `out = (x - max) - log(sum(exp(x - max)))` along `axis`. Float dtypes only; `out` has the
@@ -448,9 +457,9 @@ pub unsafe fn softmax(x: &TensorView, axis: isize, out: &TensorView) -> Result<(
 ///
 /// # Safety
 /// As for [`softmax`].
-pub unsafe fn log_softmax(x: &TensorView, axis: isize, out: &TensorView) -> Result<(), String> {
+pub unsafe fn log_softmax(x: &TensorView, axis: isize, out: &TensorView) -> Result<(), KernelError> {
     // SAFETY: forwarded.
-    unsafe { softmax_like("log_softmax", x, axis, out, true) }
+    unsafe { softmax_like(x, axis, out, true) }
 }
 
 /// `torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps)`: each row along the
@@ -466,18 +475,17 @@ pub unsafe fn layer_norm(
     bias: Option<&TensorView>,
     eps: f64,
     out: &TensorView,
-) -> Result<(), String> {
-    const OP: &str = "layer_norm";
-    check_same(OP, x, out)?;
+) -> Result<(), KernelError> {
+    check_same(x, out)?;
     if x.ndim() == 0 {
-        return Err(format!("{OP}: x must have at least one dimension"));
+        return Err(KernelError::NoDimensions { what: "x" });
     }
     for (what, p) in [("weight", weight), ("bias", bias)] {
         if let Some(p) = p {
-            check_param(OP, what, p, x)?;
+            check_param(what, p, x)?;
         }
     }
-    with_float!(OP, x.dtype, T => {
+    with_float!(x.dtype, T => {
         // SAFETY: the caller's contract; dtypes and shapes checked above.
         unsafe {
             let w = weight.map(|w| load_param::<T>(w));
@@ -493,16 +501,20 @@ pub unsafe fn layer_norm(
 ///
 /// # Safety
 /// As for [`layer_norm`].
-pub unsafe fn rms_norm(x: &TensorView, weight: Option<&TensorView>, eps: f64, out: &TensorView) -> Result<(), String> {
-    const OP: &str = "rms_norm";
-    check_same(OP, x, out)?;
+pub unsafe fn rms_norm(
+    x: &TensorView,
+    weight: Option<&TensorView>,
+    eps: f64,
+    out: &TensorView,
+) -> Result<(), KernelError> {
+    check_same(x, out)?;
     if x.ndim() == 0 {
-        return Err(format!("{OP}: x must have at least one dimension"));
+        return Err(KernelError::NoDimensions { what: "x" });
     }
     if let Some(w) = weight {
-        check_param(OP, "weight", w, x)?;
+        check_param("weight", w, x)?;
     }
-    with_float!(OP, x.dtype, T => {
+    with_float!(x.dtype, T => {
         // SAFETY: the caller's contract; dtypes and shapes checked above.
         unsafe {
             let w = weight.map(|w| load_param::<T>(w));
@@ -837,27 +849,40 @@ mod tests {
         // SAFETY: (all calls) validation fails before anything is read or written.
         unsafe {
             assert_eq!(
-                softmax(&xi, 0, &xi).unwrap_err(),
-                "softmax: float16, float32 or float64 input required, got int32"
+                softmax(&xi, 0, &xi).unwrap_err().to_string(),
+                "float16, float32 or float64 input required, got int32"
             );
-            assert_eq!(softmax(&x, 2, &out).unwrap_err(), "axis 2 is out of bounds for array of dimension 2");
-            assert_eq!(log_softmax(&x, -3, &out).unwrap_err(), "axis -3 is out of bounds for array of dimension 2");
+            assert_eq!(
+                softmax(&x, 2, &out).unwrap_err().to_string(),
+                "axis 2 is out of bounds for array of dimension 2"
+            );
+            assert_eq!(
+                log_softmax(&x, -3, &out).unwrap_err().to_string(),
+                "axis -3 is out of bounds for array of dimension 2"
+            );
             let wrong = view(&v, &[4, 3], &[3, 1], 0);
-            assert_eq!(softmax(&x, 0, &wrong).unwrap_err(), "softmax: out must have shape [3, 4] like x, got [4, 3]");
+            assert_eq!(
+                softmax(&x, 0, &wrong).unwrap_err().to_string(),
+                "out must have shape [3, 4] like x, got [4, 3]"
+            );
             let w = view(&v, &[3], &[1], 0);
             assert_eq!(
-                layer_norm(&x, Some(&w), None, 1e-5, &out).unwrap_err(),
-                "layer_norm: weight must have shape [4] (the last dimension of x), got [3]"
+                layer_norm(&x, Some(&w), None, 1e-5, &out).unwrap_err().to_string(),
+                "weight must have shape [4] (the last dimension of x), got [3]"
             );
             let wi = view(&ints, &[4], &[1], 0);
             assert_eq!(
                 rms_norm(&x, Some(&wi), 1e-5, &out).unwrap_err(),
-                "rms_norm: weight must have dtype float32 like x, got int32"
+                KernelError::DTypeMismatch { what: "weight", expected: DType::F32, like: "x", got: DType::I32 }
+            );
+            assert_eq!(
+                rms_norm(&x, Some(&wi), 1e-5, &out).unwrap_err().to_string(),
+                "weight must have dtype float32 like x, got int32"
             );
             let s = view(&v, &[], &[], 0);
             assert_eq!(
-                layer_norm(&s, None, None, 1e-5, &s).unwrap_err(),
-                "layer_norm: x must have at least one dimension"
+                layer_norm(&s, None, None, 1e-5, &s).unwrap_err().to_string(),
+                "x must have at least one dimension"
             );
         }
     }

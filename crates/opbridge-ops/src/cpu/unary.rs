@@ -13,6 +13,7 @@ use half::f16;
 use opbridge_runtime::DType;
 
 use super::broadcast::{self, StridedLoop};
+use super::error::KernelError;
 use super::math::{erfc_with, FloatElement, Fused, IntElement, Mla, Plain, Real};
 #[cfg(target_arch = "x86_64")]
 use super::math::{exp_f32_avx512, tanh_f32_avx512};
@@ -140,7 +141,7 @@ fn gelu_tanh<R: Real, M: Mla>(x: R) -> R {
 
 /// `out = op(x)`, elementwise over any strides.
 ///
-/// Errors (the caller maps them to typed errors): dtypes differ, `op` has no kernel for an int
+/// Errors (the caller attaches the op name): dtypes differ, `op` has no kernel for an int
 /// dtype (cast to `unary_result_dtype(op, x.dtype)` first), `x` does not broadcast to
 /// `out.shape`, or `out` names an element twice (a stride-0 dimension).
 ///
@@ -149,13 +150,13 @@ fn gelu_tanh<R: Real, M: Mla>(x: R) -> R {
 /// writable, aligned for the dtype, and nothing else writes them during the call; `out`
 /// either does not overlap `x` or is exactly `x` (same address, shape and strides), and no
 /// two indices of `out` name the same element.
-pub unsafe fn unary(op: UnaryOp, x: &TensorView, out: &TensorView) -> Result<(), String> {
+pub unsafe fn unary(op: UnaryOp, x: &TensorView, out: &TensorView) -> Result<(), KernelError> {
     if x.dtype != out.dtype {
-        return Err(format!("{op}: input is {} but out is {}", x.dtype, out.dtype));
+        return Err(KernelError::UnaryDTypes { x: x.dtype, out: out.dtype });
     }
-    let x = broadcast::try_broadcast_view(x, &out.shape).map_err(|e| format!("{op}: {e}"))?;
+    let x = broadcast::try_broadcast_view(x, &out.shape)?;
     if broadcast::has_repeated_elements(out) {
-        return Err(format!("{op}: out has a stride-0 dimension (it names one element several times)"));
+        return Err(KernelError::RepeatedOutput { what: "out" });
     }
     // The loop's runs stay inside `out` and `x` (caller's contract), runs
     // are disjoint in `out`, and `out` is either disjoint from `x` or exactly `x`.
@@ -164,7 +165,7 @@ pub unsafe fn unary(op: UnaryOp, x: &TensorView, out: &TensorView) -> Result<(),
 
 /// Runs `op` over `lp` (`[out, x]`, both of `dtype`); int dtypes only for the ops that keep
 /// them (an error names the dtype to cast to).
-fn run_loop(op: UnaryOp, dtype: DType, lp: &StridedLoop<2>, min: usize) -> Result<(), String> {
+fn run_loop(op: UnaryOp, dtype: DType, lp: &StridedLoop<2>, min: usize) -> Result<(), KernelError> {
     match dtype {
         DType::F16 => run_float::<f16>(op, lp, min),
         DType::F32 => run_float::<f32>(op, lp, min),
@@ -186,7 +187,7 @@ pub fn unary_lane_accepts(op: UnaryOp, dtype: DType) -> bool {
 /// # Safety
 /// `x` is readable and `out` writable for `len` aligned elements of `dtype`, nothing else
 /// writes them during the call, and `out` is either disjoint from `x` or equal to it.
-pub unsafe fn unary_contiguous(op: UnaryOp, dtype: DType, x: usize, out: usize, len: usize) -> Result<(), String> {
+pub unsafe fn unary_contiguous(op: UnaryOp, dtype: DType, x: usize, out: usize, len: usize) -> Result<(), KernelError> {
     // SAFETY: forwarded.
     unsafe { unary_contiguous_with_min(op, dtype, x, out, len, op.parallel_min()) }
 }
@@ -202,7 +203,7 @@ pub(crate) unsafe fn unary_contiguous_with_min(
     out: usize,
     len: usize,
     min: usize,
-) -> Result<(), String> {
+) -> Result<(), KernelError> {
     // The loop is one contiguous run split into chunks: `unary`'s contract for `run_loop`.
     run_loop(op, dtype, &StridedLoop::flat([out, x], [dtype.size(); 2], len), min)
 }
@@ -338,17 +339,17 @@ unsafe fn float_contiguous<T: FloatElement>(op: UnaryOp, x: *const T, out: *mut 
     body::<T, Plain>(op, x, out, len)
 }
 
-fn run_int<T: IntElement>(op: UnaryOp, lp: &StridedLoop<2>, min: usize) -> Result<(), String> {
+fn run_int<T: IntElement>(op: UnaryOp, lp: &StridedLoop<2>, min: usize) -> Result<(), KernelError> {
     match op {
         UnaryOp::Neg => run_map(lp, min, T::wrapping_neg),
         UnaryOp::Abs => run_map(lp, min, T::wrapping_abs),
         UnaryOp::Relu => run_map(lp, min, |x: T| x.max(T::ZERO)),
         _ => {
-            return Err(format!(
-                "{op} has no {} kernel: cast the input to {} first (numpy's result dtype)",
-                T::DTYPE,
-                unary_result_dtype(op, T::DTYPE)
-            ))
+            return Err(KernelError::NoKernel {
+                op: op.name(),
+                dtype: T::DTYPE,
+                cast_to: unary_result_dtype(op, T::DTYPE),
+            })
         }
     }
     Ok(())

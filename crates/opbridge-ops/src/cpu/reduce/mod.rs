@@ -25,6 +25,7 @@ use half::f16;
 use opbridge_runtime::DType;
 use smallvec::SmallVec;
 
+use super::error::KernelError;
 use crate::view::TensorView;
 use plan::{run, Plan};
 use reducers::{ArgMaxR, ExtremeR, SumR};
@@ -115,16 +116,16 @@ pub(crate) fn offsets_at<const K: usize>(shape: &[usize], strides: [&[isize]; K]
 }
 
 /// Normalizes a possibly negative axis; the error is numpy's `AxisError` message.
-pub fn normalize_axis(axis: isize, ndim: usize) -> Result<usize, String> {
+pub fn normalize_axis(axis: isize, ndim: usize) -> Result<usize, KernelError> {
     let n = ndim as isize;
     if axis < -n || axis >= n {
-        return Err(format!("axis {axis} is out of bounds for array of dimension {ndim}"));
+        return Err(KernelError::Axis { axis, ndim });
     }
     Ok(if axis < 0 { (axis + n) as usize } else { axis as usize })
 }
 
 /// The shape of a reduction's result. `axis = None` reduces all axes.
-pub fn reduce_shape(shape: &[usize], axis: Option<isize>, keepdims: bool) -> Result<Vec<usize>, String> {
+pub fn reduce_shape(shape: &[usize], axis: Option<isize>, keepdims: bool) -> Result<Vec<usize>, KernelError> {
     match axis {
         None => Ok(if keepdims { vec![1; shape.len()] } else { Vec::new() }),
         Some(axis) => {
@@ -162,10 +163,9 @@ pub fn reduce_result_dtype(op: ReduceOp, dtype: DType) -> DType {
 /// # Safety
 /// `x` and `out` describe valid, aligned memory for their shapes, strides and dtypes; `out` is
 /// writable, does not overlap `x`, and no other thread touches it during the call.
-pub unsafe fn reduce(op: ReduceOp, x: &TensorView, axis: Option<isize>, out: &TensorView) -> Result<(), String> {
-    let name = op.name();
-    check_view(name, "x", x)?;
-    check_view(name, "out", out)?;
+pub unsafe fn reduce(op: ReduceOp, x: &TensorView, axis: Option<isize>, out: &TensorView) -> Result<(), KernelError> {
+    check_view("x", x)?;
+    check_view("out", out)?;
     let ndim = x.ndim();
     let axis = match axis {
         Some(a) => Some(normalize_axis(a, ndim)?),
@@ -173,7 +173,7 @@ pub unsafe fn reduce(op: ReduceOp, x: &TensorView, axis: Option<isize>, out: &Te
     };
     let expected = reduce_result_dtype(op, x.dtype);
     if out.dtype != expected {
-        return Err(format!("{name}: out must have dtype {expected} for {} input, got {}", x.dtype, out.dtype));
+        return Err(KernelError::ResultDType { expected, input: x.dtype, got: out.dtype });
     }
     // Inline lists: a small reduction's setup must not cost more than its loop.
     let reduced: SmallVec<[bool; 8]> = (0..ndim).map(|d| axis.is_none_or(|a| a == d)).collect();
@@ -189,7 +189,11 @@ pub unsafe fn reduce(op: ReduceOp, x: &TensorView, axis: Option<isize>, out: &Te
     } else {
         let keep = reduce_shape(&x.shape, axis.map(|a| a as isize), true)?;
         let drop = reduce_shape(&x.shape, axis.map(|a| a as isize), false)?;
-        return Err(format!("{name}: out must have shape {drop:?} (or {keep:?} with keepdims), got {:?}", out.shape));
+        return Err(KernelError::Shape {
+            what: "out",
+            expected: format!("{drop:?} (or {keep:?} with keepdims)"),
+            got: out.shape.to_vec(),
+        });
     };
     let plan = Plan { x: x.data, out: out.data, shape: &x.shape, xs: &x.strides, os: &os, reduced: &reduced };
     // SAFETY: (all arms) the caller's contract, with `R::In` matching `x.dtype` and `R::Out`
@@ -213,9 +217,9 @@ pub unsafe fn reduce(op: ReduceOp, x: &TensorView, axis: Option<isize>, out: &Te
     }
 }
 
-fn check_view(op: &str, what: &str, v: &TensorView) -> Result<(), String> {
+fn check_view(what: &'static str, v: &TensorView) -> Result<(), KernelError> {
     if v.shape.len() != v.strides.len() {
-        return Err(format!("{op}: {what} has {} dims but {} strides", v.shape.len(), v.strides.len()));
+        return Err(KernelError::MalformedView { what, dims: v.shape.len(), strides: v.strides.len() });
     }
     Ok(())
 }

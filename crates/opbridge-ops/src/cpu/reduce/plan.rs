@@ -8,6 +8,7 @@ use rayon::prelude::*;
 
 use super::reducers::Reducer;
 use super::{offsets_at, COLS, GATHER, LANES, PIECE};
+use crate::cpu::error::KernelError;
 use crate::cpu::thresholds::REDUCE_PARALLEL_MIN_ELEMS;
 
 /// A validated reduction: addresses, the shape and strides of `x`, the strides of `out` along
@@ -222,7 +223,7 @@ unsafe fn columns<R: Reducer>(
 /// # Safety
 /// As for [`reduce`](super::reduce), with `R::In` and `R::Out` the element types of `x` and
 /// `out`.
-pub(super) unsafe fn run<R: Reducer>(p: &Plan) -> Result<(), String> {
+pub(super) unsafe fn run<R: Reducer>(p: &Plan) -> Result<(), KernelError> {
     let ndim = p.shape.len();
     let n: usize = (0..ndim).filter(|&d| p.reduced[d]).map(|d| p.shape[d]).product();
     let count: usize = (0..ndim).filter(|&d| !p.reduced[d]).map(|d| p.shape[d]).product();
@@ -238,7 +239,7 @@ pub(super) unsafe fn run<R: Reducer>(p: &Plan) -> Result<(), String> {
 
     if n == 0 {
         let Some(empty) = R::empty() else {
-            return Err(R::EMPTY_ERROR.to_string());
+            return Err(KernelError::EmptyReduction(R::EMPTY_ERROR));
         };
         let shape: Vec<usize> = kept.iter().map(|d| d.0).collect();
         let os: Vec<isize> = kept.iter().map(|d| d.2).collect();
