@@ -2,13 +2,21 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
+RUFF   := $(VENV)/bin/ruff
+# The Python that ruff checks and formats: the package, its tests, benchmarks and tools.
+PY_SRC := python tests benchmarks tools
 
-.PHONY: setup build demo test fmt-check test-rust test-python lint stubtest bench clean
+.PHONY: setup build demo test test-rust test-python lint stubtest bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "maturin>=1.7,<2" "numpy>=1.24" "pytest>=7" "mypy>=1.8" "psutil>=5" "typing_extensions>=4.12"
+	$(PY) -m pip install -q "maturin>=1.7,<2" "numpy>=1.24" "pytest>=7" "mypy>=1.8" "psutil>=5" "typing_extensions>=4.12" \
+		"ruff>=0.6,<1"
+
+# A venv made before ruff joined the dev tools gets it here.
+$(RUFF): $(PY)
+	$(PY) -m pip install -q "ruff>=0.6,<1"
 
 setup: $(PY) build
 
@@ -18,10 +26,7 @@ build: $(PY)
 demo: setup
 	$(PY) benchmarks/demo.py
 
-test: setup fmt-check test-rust test-python stubtest
-
-fmt-check:
-	cargo fmt --all --check
+test: setup lint test-rust test-python stubtest
 
 test-rust:
 	cargo test --workspace --exclude opbridge-python -q
@@ -32,9 +37,16 @@ test-python: $(PY)
 stubtest: $(PY)
 	$(PY) -m mypy.stubtest opbridge._native --allowlist .ci/stubtest-allowlist.txt
 
-lint:
+# Rust: rustfmt, clippy and rustdoc, warnings denied (private items' docs first, then the public
+# docs, which also catch public docs linking to private items; target/doc keeps the public ones).
+# Python: ruff's linter and formatter (configured in pyproject.toml).
+lint: $(RUFF)
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -q -- -D warnings
+	RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps -q --document-private-items
+	RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps -q
+	$(RUFF) check $(PY_SRC)
+	$(RUFF) format --check $(PY_SRC)
 
 bench: setup
 	$(PY) benchmarks/bench_vector_add.py

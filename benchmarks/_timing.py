@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import timeit
-from typing import Callable
+from collections.abc import Callable
 
 
 def best_call_time(fn: Callable[..., object], *args: object, min_time: float = 0.2, repeat: int = 5) -> float:
@@ -11,7 +11,7 @@ def best_call_time(fn: Callable[..., object], *args: object, min_time: float = 0
     per-call overheads of a few hundred ns are what is measured here)."""
     names = [f"a{i}" for i in range(len(args))]
     stmt = f"fn({', '.join(names)})"
-    return _best(timeit.Timer(stmt, globals={"fn": fn, **dict(zip(names, args))}), min_time, repeat)
+    return _best(timeit.Timer(stmt, globals={"fn": fn, **dict(zip(names, args, strict=True))}), min_time, repeat)
 
 
 def best_time(fn: Callable[[], object], min_time: float = 0.2, repeat: int = 5) -> float:

@@ -29,9 +29,9 @@ import subprocess
 import sys
 import sysconfig
 import timeit
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
 
 import numpy as np
 
@@ -66,7 +66,7 @@ def log(message: str) -> None:
     print(f"[bench_bindings] {message}", file=sys.stderr, flush=True)
 
 
-def run(cmd: list, env: Optional[dict] = None, cwd: Optional[Path] = None) -> None:
+def run(cmd: list, env: dict | None = None, cwd: Path | None = None) -> None:
     """Run a build command, echoing it; on failure print its output and raise Skip."""
     cmd = [str(c) for c in cmd]
     log("$ " + " ".join(cmd))
@@ -79,7 +79,7 @@ def run(cmd: list, env: Optional[dict] = None, cwd: Optional[Path] = None) -> No
         raise Skip(f"`{Path(cmd[0]).name}` failed: {last[:120]}")
 
 
-def ensure_module(module: str, package: Optional[str] = None):
+def ensure_module(module: str, package: str | None = None):
     """Import `module`, pip-installing `package` (default: same name) if it is missing."""
     try:
         return importlib.import_module(module)
@@ -126,8 +126,9 @@ def build_dir(name: str) -> Path:
     return path
 
 
-def compile_shared(sources: list, output: Path, include_dirs: list = (), cxx: bool = False,
-                   python: bool = True) -> None:
+def compile_shared(
+    sources: list, output: Path, include_dirs: list = (), cxx: bool = False, python: bool = True
+) -> None:
     """Compile C/C++ sources into one shared object (a Python extension if `python`)."""
     if sys.platform == "win32":
         raise Skip("compiler driver only written for Unix-like systems")
@@ -365,13 +366,15 @@ def markdown_table(results: list) -> str:
     def cell(mapping: dict, n: int, fmt: str) -> str:
         return format(mapping[n], fmt) if n in mapping else "-"
 
-    header = (["peer"] + [f"n={n} ns/call" for n in SIZES]
-              + [f"vs numpy n={n}" for n in SIZES] + ["status"])
+    header = ["peer"] + [f"n={n} ns/call" for n in SIZES] + [f"vs numpy n={n}" for n in SIZES] + ["status"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * 4 + ["---"]) + "|"]
     for r in results:
-        row = ([r.name] + [cell(r.ns, n, ",.0f") for n in SIZES]
-               + [cell(r.ratio, n, ".2f") + ("x" if n in r.ratio else "") for n in SIZES]
-               + [r.status])
+        row = (
+            [r.name]
+            + [cell(r.ns, n, ",.0f") for n in SIZES]
+            + [cell(r.ratio, n, ".2f") + ("x" if n in r.ratio else "") for n in SIZES]
+            + [r.status]
+        )
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -402,11 +405,13 @@ def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--repeat", type=int, default=7, help="timing loops per size (best is kept)")
-    parser.add_argument("--min-time", type=float, default=0.2,
-                        help="seconds per timing loop; sets the number of calls per loop")
+    parser.add_argument(
+        "--min-time", type=float, default=0.2, help="seconds per timing loop; sets the number of calls per loop"
+    )
     parser.add_argument("--rebuild", action="store_true", help="rebuild every peer")
-    parser.add_argument("--only", metavar="NAMES",
-                        help=f"comma-separated subset of: {', '.join(PEER_KEYS)} (numpy always runs)")
+    parser.add_argument(
+        "--only", metavar="NAMES", help=f"comma-separated subset of: {', '.join(PEER_KEYS)} (numpy always runs)"
+    )
     return parser.parse_args()
 
 
@@ -426,8 +431,7 @@ def main() -> None:
     add_ratios(results)
 
     print(f"\n## Binding overhead: c = a + b (float32, fresh output), ns per call, best of {args.repeat}\n")
-    print(f"Python {env['python']}, numpy {env['numpy']}, {env['cpu']} ({env['cpu_count']} CPUs), "
-          f"{env['date']}\n")
+    print(f"Python {env['python']}, numpy {env['numpy']}, {env['cpu']} ({env['cpu_count']} CPUs), {env['date']}\n")
     print(markdown_table(results))
     print("\n`vs numpy` is time / np.add time at the same n in the same run: below 1x is faster.")
     if args.json:

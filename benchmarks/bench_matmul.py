@@ -15,9 +15,8 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _timing import best_time, fmt_time  # noqa: E402
-
 import opbridge as ob  # noqa: E402
+from _timing import best_time, fmt_time  # noqa: E402
 
 
 def main() -> None:

@@ -16,9 +16,8 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _timing import best_call_time, fmt_time  # noqa: E402
-
 import opbridge as ob  # noqa: E402
+from _timing import best_call_time, fmt_time  # noqa: E402
 
 SIZES = {"1K": 1 << 10, "64K": 1 << 16, "4M": 1 << 22}
 
@@ -61,8 +60,8 @@ def main() -> None:
     print("| family | op | " + " | ".join(f"{k} ob / np (ratio)" for k in SIZES) + " |")
     print("|---|---|" + "---:|" * len(SIZES))
     results: dict[tuple[str, str], list[str]] = {}
-    for label, n in SIZES.items():
-        for family, title, name, reference, inputs, kwargs in cases(n, rng):
+    for n in SIZES.values():
+        for family, title, name, reference, inputs, _kwargs in cases(n, rng):
             try:
                 op = ob.ops.get(name)
             except ob.OpBridgeError:

@@ -19,9 +19,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _timing import best_call_time, fmt_time  # noqa: E402
-
 import opbridge as ob  # noqa: E402
+from _timing import best_call_time, fmt_time  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "examples" / "plugins" / "c" / "scale_add.c"
@@ -32,7 +31,17 @@ def build() -> Path:
     BUILD.mkdir(parents=True, exist_ok=True)
     out = BUILD / "libscale_add_bench.so"
     if not out.exists() or out.stat().st_mtime < SOURCE.stat().st_mtime:
-        cmd = [os.environ.get("CC", "cc"), "-O3", "-shared", "-fPIC", "-I", ob.get_include(), str(SOURCE), "-o", str(out)]
+        cmd = [
+            os.environ.get("CC", "cc"),
+            "-O3",
+            "-shared",
+            "-fPIC",
+            "-I",
+            ob.get_include(),
+            str(SOURCE),
+            "-o",
+            str(out),
+        ]
         subprocess.run(cmd, check=True)
     return out
 

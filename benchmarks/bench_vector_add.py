@@ -18,9 +18,8 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _timing import best_call_time, best_time, fmt_time  # noqa: E402
-
 import opbridge as ob  # noqa: E402
+from _timing import best_call_time, best_time, fmt_time  # noqa: E402
 
 SIZES = [1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24]
 
@@ -63,7 +62,10 @@ def overhead(min_time: float) -> dict[int, tuple[float, float]]:
     for n in (4, 1024):
         a = np.ones(n, np.float32)
         b = np.ones(n, np.float32)
-        out[n] = (best_call_time(ob.vector_add, a, b, min_time=min_time), best_call_time(np.add, a, b, min_time=min_time))
+        out[n] = (
+            best_call_time(ob.vector_add, a, b, min_time=min_time),
+            best_call_time(np.add, a, b, min_time=min_time),
+        )
     return out
 
 

@@ -23,7 +23,9 @@ def main() -> None:
         r = ob.vector_add(t, t)  # enqueued on s; returns at once
     print(f"async on {s}: {r} -> matches numpy: {np.array_equal(r.numpy(), a + a)}")
     stats = ob.get_memory_pool_stats()
-    print(f"pool: {stats['allocated_blocks']} blocks in use, {stats['reserved_bytes.current'] / 2**20:.0f} MiB reserved\n")
+    print(
+        f"pool: {stats['allocated_blocks']} blocks in use, {stats['reserved_bytes.current'] / 2**20:.0f} MiB reserved\n"
+    )
     sys.stdout.flush()
     here = os.path.dirname(__file__)
     subprocess.run([sys.executable, os.path.join(here, "bench_vector_add.py"), "--quick"], check=True)

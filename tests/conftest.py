@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import gc
-from typing import Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -29,10 +29,10 @@ def random_array(rng: np.random.Generator, shape, dtype) -> np.ndarray:
 
 
 @pytest.fixture
-def memory_limit() -> Iterator[Callable[[Optional[int]], None]]:
+def memory_limit() -> Iterator[Callable[[int | None], None]]:
     """Sets the CPU pool's byte limit; the limit is always removed again afterwards."""
 
-    def set_limit(limit: Optional[int]) -> None:
+    def set_limit(limit: int | None) -> None:
         ob.set_memory_limit(limit)
 
     try:

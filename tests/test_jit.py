@@ -129,7 +129,7 @@ def test_compiler_errors_raise_with_the_message(tmp_path: Path) -> None:
 @pytest.mark.skipif(shutil.which(os.environ.get("CXX", "c++")) is None, reason="no C++ compiler")
 def test_cxx_sources(tmp_path: Path) -> None:
     cxx = source(7).replace("static const OpbOpDesc ops[] = {{", "static const OpbOpDesc ops[] = {{ // C++\n")
-    cxx = cxx.replace('#include <opbridge/plugin.h>', '#include <opbridge/plugin.h>\n#include <vector>')
+    cxx = cxx.replace("#include <opbridge/plugin.h>", "#include <opbridge/plugin.h>\n#include <vector>")
     # No extern "C" needed: the header declares the entry point with C linkage.
     with ob.jit.compile(cxx, "scale_cpp", lang="c++", flags=("-std=c++20",), cache_dir=tmp_path) as lib:
         assert lib.cached is False

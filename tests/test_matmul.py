@@ -81,7 +81,9 @@ def test_empty_inner_dimension_large_output_is_zeroed() -> None:
     np.testing.assert_array_equal(c, np.zeros((256, 256)))
 
 
-@pytest.mark.parametrize(("sa", "sb", "want"), [((0, 5), (5, 3), (0, 3)), ((4, 5), (5, 0), (4, 0)), ((0, 0), (0, 0), (0, 0))])
+@pytest.mark.parametrize(
+    ("sa", "sb", "want"), [((0, 5), (5, 3), (0, 3)), ((4, 5), (5, 0), (4, 0)), ((0, 0), (0, 0), (0, 0))]
+)
 def test_empty_outer_dimensions(sa, sb, want) -> None:
     c = ob.matmul(np.ones(sa, np.float32), np.ones(sb, np.float32))
     assert c.shape == want
@@ -117,12 +119,15 @@ def test_byte_swapped_inputs(rng: np.random.Generator) -> None:
     assert_close(ob.matmul(sa, b), a, b, np.float32)
 
 
-@pytest.mark.parametrize(("da", "db", "want"), [
-    (np.float32, np.float64, np.float64),
-    (np.float64, np.float32, np.float64),
-    (np.float16, np.float32, np.float32),
-    (np.float16, np.float64, np.float64),
-])
+@pytest.mark.parametrize(
+    ("da", "db", "want"),
+    [
+        (np.float32, np.float64, np.float64),
+        (np.float64, np.float32, np.float64),
+        (np.float16, np.float32, np.float32),
+        (np.float16, np.float64, np.float64),
+    ],
+)
 def test_mixed_dtypes_promote(rng: np.random.Generator, da, db, want) -> None:
     a = rng.standard_normal((12, 9)).astype(da)
     b = rng.standard_normal((9, 7)).astype(db)
@@ -215,7 +220,9 @@ def test_out_partially_overlapping_input(rng: np.random.Generator) -> None:
 # --- errors ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("sa", "sb"), [((3,), (3, 3)), ((3, 3), (3,)), ((2, 2, 2), (2, 2)), ((2, 2), (1, 2, 2)), ((), ())])
+@pytest.mark.parametrize(
+    ("sa", "sb"), [((3,), (3, 3)), ((3, 3), (3,)), ((2, 2, 2), (2, 2)), ((2, 2), (1, 2, 2)), ((), ())]
+)
 def test_not_two_dimensional(sa, sb) -> None:
     with pytest.raises(ob.ShapeError) as info:
         ob.matmul(np.ones(sa, np.float32), np.ones(sb, np.float32))

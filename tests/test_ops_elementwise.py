@@ -98,7 +98,9 @@ def test_nan_and_inf_behave_as_in_numpy():
 def test_integer_overflow_wraps_like_numpy():
     big = np.array([np.iinfo(np.int32).max], np.int32)
     np.testing.assert_array_equal(ob.ops.add(big, big), big + big)
-    np.testing.assert_array_equal(ob.ops.abs(np.array([np.iinfo(np.int32).min], np.int32)), np.abs(np.array([np.iinfo(np.int32).min], np.int32)))
+    np.testing.assert_array_equal(
+        ob.ops.abs(np.array([np.iinfo(np.int32).min], np.int32)), np.abs(np.array([np.iinfo(np.int32).min], np.int32))
+    )
 
 
 def test_negative_integer_power_is_an_error():
@@ -108,7 +110,7 @@ def test_negative_integer_power_is_an_error():
 
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 def test_gelu_forms(approximate):
-    from math import erf, sqrt, tanh, pi
+    from math import erf, pi, sqrt, tanh
 
     x = np.linspace(-6, 6, 101)
     if approximate == "none":
@@ -254,7 +256,9 @@ def test_axpy_in_place_strided_and_errors(rng):
     want = 2 * x + y
     assert ob.ops.axpy(x, y, alpha=2, out=y) is y
     np.testing.assert_allclose(y, want, rtol=1e-15)
-    np.testing.assert_allclose(ob.ops.axpy(x[::2, ::-3], x.T[1::3, ::2].T, alpha=0.5), 0.5 * x[::2, ::-3] + x.T[1::3, ::2].T)
+    np.testing.assert_allclose(
+        ob.ops.axpy(x[::2, ::-3], x.T[1::3, ::2].T, alpha=0.5), 0.5 * x[::2, ::-3] + x.T[1::3, ::2].T
+    )
     with pytest.raises(ob.DTypeError, match="axpy"):
         ob.ops.axpy(np.ones(3, np.int32), np.ones(3, np.int32))
     with pytest.raises(ob.ShapeError, match="axpy"):

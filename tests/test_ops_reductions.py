@@ -63,7 +63,12 @@ def test_softmax_and_log_softmax(dtype, axis, rng):
     x = (rng.standard_normal((4, 9, 6)) * 20).astype(dtype)
     want = np_softmax(x, axis)
     np.testing.assert_allclose(ob.ops.softmax(x, axis=axis).astype(np.float64), want, rtol=RTOL[dtype] * 10, atol=1e-7)
-    np.testing.assert_allclose(ob.ops.log_softmax(x, axis=axis).astype(np.float64), np.log(want), rtol=RTOL[dtype] * 10, atol=1e-3 if dtype == np.float16 else 1e-9)
+    np.testing.assert_allclose(
+        ob.ops.log_softmax(x, axis=axis).astype(np.float64),
+        np.log(want),
+        rtol=RTOL[dtype] * 10,
+        atol=1e-3 if dtype == np.float16 else 1e-9,
+    )
     # Stable for huge logits.
     big = np.array([[1000.0, 1000.0, -1000.0]])
     np.testing.assert_allclose(ob.ops.softmax(big), [[0.5, 0.5, 0.0]])
@@ -78,7 +83,12 @@ def test_layer_norm_and_rms_norm(dtype, rng):
     ln = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + 1e-5) * w + b
     tol = 5e-3 if dtype == np.float16 else 1e-5
     np.testing.assert_allclose(ob.ops.layer_norm(x, w, b).astype(np.float64), ln, rtol=tol, atol=tol)
-    np.testing.assert_allclose(ob.ops.layer_norm(x, eps=1e-3), (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + 1e-3), rtol=tol, atol=tol)
+    np.testing.assert_allclose(
+        ob.ops.layer_norm(x, eps=1e-3),
+        (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + 1e-3),
+        rtol=tol,
+        atol=tol,
+    )
     rms = x64 / np.sqrt((x64**2).mean(-1, keepdims=True) + 1e-6) * w
     np.testing.assert_allclose(ob.ops.rms_norm(x, w).astype(np.float64), rms, rtol=tol, atol=tol)
     with pytest.raises(ob.ShapeError, match="weight of shape"):

@@ -66,7 +66,7 @@ def test_docstring_and_signature_come_from_the_schema():
 
 def test_unknown_names_versions_and_arguments_are_typed_errors_listing_what_exists():
     with pytest.raises(AttributeError, match="available: .*matmul"):
-        ob.ops.no_such_op
+        ob.ops.no_such_op  # noqa: B018 -- the attribute access is what must raise
     with pytest.raises(ob.OpBridgeError, match="available versions: 1, 2"):
         ob.ops.get("matmul", version=9)
     with pytest.raises(ob.ArgumentError, match="unexpected argument"):

@@ -8,8 +8,8 @@ import shutil
 import subprocess
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -270,7 +270,6 @@ def test_library_class_loads_too(c_plugin: Path) -> None:
         lib.unload()
 
 
-
 def test_op_attributes_follow_loads_and_unloads_under_threads(c_plugin: Path) -> None:
     # `ob.ops.<name>` is cached as a module attribute: readers racing loads and unloads must
     # never leave one behind that names an unloaded operator.
@@ -418,16 +417,25 @@ def test_abi2_wrong_kind_attributes_raise_before_the_library_runs(
 
 def test_abi2_malformed_new_fields_are_load_errors(tmp_path: Path) -> None:
     source = ABI2_FEATURES.read_text()
-    scale = ".flags = OPB_ATTR_DEFAULT_NONE, .doc = \"factor of the result, or None\""
+    scale = '.flags = OPB_ATTR_DEFAULT_NONE, .doc = "factor of the result, or None"'
     offsets = ".n_default_ints = 2,"
     cases = {
-        "attr_flags": (scale, scale.replace("OPB_ATTR_DEFAULT_NONE", "OPB_ATTR_DEFAULT_NONE | 16"),
-                       'attribute "scale": unknown flags 0x10'),
-        "required_none": (scale, scale.replace("OPB_ATTR_DEFAULT_NONE", "OPB_ATTR_DEFAULT_NONE | OPB_ATTR_REQUIRED"),
-                          'attribute "scale": OPB_ATTR_REQUIRED and OPB_ATTR_DEFAULT_NONE contradict each other'),
+        "attr_flags": (
+            scale,
+            scale.replace("OPB_ATTR_DEFAULT_NONE", "OPB_ATTR_DEFAULT_NONE | 16"),
+            'attribute "scale": unknown flags 0x10',
+        ),
+        "required_none": (
+            scale,
+            scale.replace("OPB_ATTR_DEFAULT_NONE", "OPB_ATTR_DEFAULT_NONE | OPB_ATTR_REQUIRED"),
+            'attribute "scale": OPB_ATTR_REQUIRED and OPB_ATTR_DEFAULT_NONE contradict each other',
+        ),
         "many_ints": (offsets, ".n_default_ints = 65,", 'attribute "offsets": n_default_ints is 65; expected 0 to 64'),
-        "op_flags": ("COMBINE(2, OPB_OP_IN_PLACE_OK)", "COMBINE(2, OPB_OP_IN_PLACE_OK | 8)",
-                     'operator "combine": unknown operator flags 0x8'),
+        "op_flags": (
+            "COMBINE(2, OPB_OP_IN_PLACE_OK)",
+            "COMBINE(2, OPB_OP_IN_PLACE_OK | 8)",
+            'operator "combine": unknown operator flags 0x8',
+        ),
     }
     for name, (old, new, message) in cases.items():
         assert old in source, old

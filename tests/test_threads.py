@@ -49,8 +49,16 @@ def run_threads(target, count: int) -> list[BaseException]:
 def test_many_threads_bit_exact(rng: np.random.Generator) -> None:
     # float32 20_000 and 70_000 elements are above the 64 KiB GIL-release threshold;
     # 70_000 float32 outputs also come from the pool.
-    specs = [(7, np.float32), (1000, np.float64), (20_000, np.float32), (70_000, np.float32),
-             (5000, np.int64), (3000, np.float16), (40_000, np.int32), (10_000, np.float64)]
+    specs = [
+        (7, np.float32),
+        (1000, np.float64),
+        (20_000, np.float32),
+        (70_000, np.float32),
+        (5000, np.int64),
+        (3000, np.float16),
+        (40_000, np.int32),
+        (10_000, np.float64),
+    ]
     cases = []
     for n, dtype in specs:
         a = random_array(rng, n, dtype)
@@ -187,7 +195,7 @@ def test_gil_is_released_for_large_inputs() -> None:
     def adder() -> None:
         for _ in range(4):
             state["in_call"] = True
-            ob.vector_add(a, a, out=out)
+            ob.vector_add(a, a, out=out)  # noqa: F821 -- runs before the `del a, out` below, which pyflakes misreads
             state["in_call"] = False
 
     # A long switch interval: while the adder holds the GIL, the counter cannot be scheduled

@@ -97,4 +97,3 @@ __all__ = [
     "vector_add",
     "zeros",
 ]
-

@@ -35,8 +35,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence, Union
 
 from . import tuning
 from ._native import Library, OpBridgeError
@@ -91,7 +91,7 @@ def _include_dir() -> Path:
     return Path(opbridge.get_include())
 
 
-def _compiler(lang: str, compiler: Optional[str]) -> str:
+def _compiler(lang: str, compiler: str | None) -> str:
     _, env, default = _LANGS[lang]
     wanted = compiler or os.environ.get(env) or default
     found = shutil.which(wanted)
@@ -168,9 +168,9 @@ def compile(
     name: str,
     *,
     lang: str = "c",
-    compiler: Optional[str] = None,
+    compiler: str | None = None,
     flags: Sequence[str] = (),
-    cache_dir: Optional[Union[str, os.PathLike[str]]] = None,
+    cache_dir: str | os.PathLike[str] | None = None,
 ) -> JitLibrary:
     """Compiles ``source`` (unless cached), loads it and registers its operators.
 

@@ -17,7 +17,7 @@ what exists.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Optional
+from typing import Any
 
 from . import _native
 from ._native import Op, OpBridgeError
@@ -25,7 +25,7 @@ from ._native import Op, OpBridgeError
 __all__ = ["Op", "get", "list_ops"]
 
 # (name, version or None) -> Op, valid for one registry generation.
-_cache: dict[tuple[str, Optional[int]], Op] = {}
+_cache: dict[tuple[str, int | None], Op] = {}
 _generation = -1
 
 _EMPTY = inspect.Parameter.empty
@@ -55,7 +55,7 @@ def _docstring(op: Op, schema: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def get(name: str, version: Optional[int] = None) -> Op:
+def get(name: str, version: int | None = None) -> Op:
     """The operator ``name`` at ``version`` (the latest when omitted)."""
     global _generation
     generation = _native.registry_generation()

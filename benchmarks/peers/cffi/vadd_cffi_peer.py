@@ -4,6 +4,7 @@ cffi cannot create numpy arrays: the wrapper allocates the output with
 np.empty in Python and passes the three buffers to the C kernel, which is
 exactly the overhead a cffi user pays per call.
 """
+
 from pathlib import Path
 
 import numpy as np

@@ -6,6 +6,7 @@ library built from ../c_kernel/vadd.c), which is exactly the overhead a ctypes
 user pays per call. Arguments go through numpy's documented
 np.ctypeslib.ndpointer, which checks dtype and contiguity like the other peers.
 """
+
 import ctypes
 
 import numpy as np

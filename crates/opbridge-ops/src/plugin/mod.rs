@@ -3,7 +3,7 @@
 //!
 //! Three layers, as for every FFI in opbridge: [`sys`] declares the ABI, `result` turns status
 //! codes into errors and raw descriptors into validated copies, and this module is the safe API:
-//! [`Library::load`] registers a library's operators in the [`Registry`] (all or none), and
+//! [`Library::load_into`] registers a library's operators in the [`Registry`] (all or none), and
 //! [`Library::unload`] unregisters them, waits for calls in flight, and closes the library.
 //!
 //! Each load opens a private copy of the file (dlopen caches by path, so a rebuilt file at the

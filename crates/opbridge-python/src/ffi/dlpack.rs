@@ -1,4 +1,4 @@
-//! DLPack (https://dmlc.github.io/dlpack/latest/): export a tensor as a `dltensor` capsule and
+//! DLPack (<https://dmlc.github.io/dlpack/latest/>): export a tensor as a `dltensor` capsule and
 //! import `dltensor` / `dltensor_versioned` capsules from numpy, PyTorch, CuPy...
 
 use std::ffi::{c_void, CStr};

@@ -73,10 +73,10 @@ unsafe fn line<R: Reducer>(base: *const R::In, n: usize, stride: isize, first: u
     }
 }
 
-/// [`line`] split into pieces of [`PIECE`] elements reduced in parallel when it is long.
+/// [`line()`] split into pieces of [`PIECE`] elements reduced in parallel when it is long.
 ///
 /// # Safety
-/// As for [`line`].
+/// As for [`line()`].
 unsafe fn line_parallel<R: Reducer>(base: *const R::In, n: usize, stride: isize, first: usize) -> R::Part {
     if n < REDUCE_PARALLEL_MIN_ELEMS {
         // SAFETY: forwarded.
