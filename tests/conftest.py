@@ -1,4 +1,9 @@
-"""Shared fixtures of the opbridge test suite (everything runs on the CPU device)."""
+"""Shared fixtures of the opbridge test suite.
+
+Tests that take the `device` fixture run once per device this build and machine can reach (the
+CPU device always; accelerator devices join the list when their backend can make a tensor), as
+the Rust tests do with `opbridge_runtime::test_device!`.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,31 @@ import opbridge as ob
 
 ADD_DTYPES = [np.float16, np.float32, np.float64, np.int32, np.int64]
 FLOAT_DTYPES = [np.float16, np.float32, np.float64]
+
+
+# Devices whose backends exist or will: probed once; an unavailable one is left out, not failed.
+_CANDIDATE_DEVICES = ("cpu:0", "ascend:0", "cuda:0")
+
+
+def available_devices() -> list[str]:
+    """The devices a tensor can be made on here (each probed by making one)."""
+    found = []
+    for name in _CANDIDATE_DEVICES:
+        try:
+            ob.asarray(np.zeros(1, np.float32), device=name)
+        except ob.OpBridgeError:
+            continue
+        found.append(name)
+    return found
+
+
+DEVICES = available_devices()
+
+
+@pytest.fixture(params=DEVICES)
+def device(request: pytest.FixtureRequest) -> str:
+    """Each available device in turn (`cpu:0` on every machine)."""
+    return str(request.param)
 
 
 @pytest.fixture

@@ -28,10 +28,10 @@ KEYS = [
 ]
 
 
-def stats() -> dict:
+def stats(device: str | None = None) -> dict:
     gc.collect()
-    ob.synchronize()
-    return ob.get_memory_pool_stats()
+    ob.synchronize(device)
+    return ob.get_memory_pool_stats(device)
 
 
 def assert_invariants(s: dict) -> None:
@@ -61,31 +61,31 @@ def test_stats_for_explicit_device() -> None:
         ob.get_memory_pool_stats("cuda:0")
 
 
-def test_allocation_and_free_are_counted() -> None:
-    before = stats()
-    t = ob.empty(MiB, dtype=np.float32)
-    during = stats()
+def test_allocation_and_free_are_counted(device: str) -> None:
+    before = stats(device)
+    t = ob.empty(MiB, dtype=np.float32, device=device)
+    during = stats(device)
     assert during["allocated_bytes.current"] >= before["allocated_bytes.current"] + t.nbytes
     assert during["allocated_blocks"] == before["allocated_blocks"] + 1
     assert during["num_allocs"] == before["num_allocs"] + 1
     assert during["allocated_bytes.peak"] >= during["allocated_bytes.current"]
     assert_invariants(during)
     del t
-    after = stats()
+    after = stats(device)
     assert after["allocated_bytes.current"] == before["allocated_bytes.current"]
     assert after["allocated_blocks"] == before["allocated_blocks"]
     assert after["reserved_bytes.current"] >= after["allocated_bytes.current"]
     assert_invariants(after)
 
 
-def test_repeated_large_allocations_hit_the_cache() -> None:
-    t = ob.empty(2 * MiB)  # warm: one block of this size is now cached after del
+def test_repeated_large_allocations_hit_the_cache(device: str) -> None:
+    t = ob.empty(2 * MiB, device=device)  # warm: one block of this size is now cached after del
     del t
-    before = stats()
+    before = stats(device)
     for _ in range(10):
-        t = ob.empty(2 * MiB)
+        t = ob.empty(2 * MiB, device=device)
         del t
-    after = stats()
+    after = stats(device)
     assert after["num_allocs"] == before["num_allocs"] + 10
     assert after["num_cache_hits"] >= before["num_cache_hits"] + 10
     assert after["reserved_bytes.current"] == before["reserved_bytes.current"]
@@ -106,48 +106,48 @@ def test_numpy_outputs_reuse_cached_blocks() -> None:
     assert after["allocated_bytes.current"] == before["allocated_bytes.current"]
 
 
-def test_blocks_are_64_byte_aligned() -> None:
-    tensors = [ob.empty(n, dtype=np.float16) for n in (1, 3, 17, 1000, 70_000, 300_001)]
+def test_blocks_are_64_byte_aligned(device: str) -> None:
+    tensors = [ob.empty(n, dtype=np.float16, device=device) for n in (1, 3, 17, 1000, 70_000, 300_001)]
     for t in tensors:
         assert t.data_ptr % 64 == 0
 
 
-def test_reset_peak_memory_stats() -> None:
-    t = ob.empty(8 * MiB)
+def test_reset_peak_memory_stats(device: str) -> None:
+    t = ob.empty(8 * MiB, device=device)
     del t
-    s = stats()
+    s = stats(device)
     assert s["allocated_bytes.peak"] > s["allocated_bytes.current"]
-    ob.reset_peak_memory_stats()
-    s = stats()
+    ob.reset_peak_memory_stats(device)
+    s = stats(device)
     assert s["allocated_bytes.peak"] == s["allocated_bytes.current"]
     assert s["reserved_bytes.peak"] == s["reserved_bytes.current"]
-    t = ob.empty(MiB)
-    s = stats()
+    t = ob.empty(MiB, device=device)
+    s = stats(device)
     assert s["allocated_bytes.peak"] >= s["allocated_bytes.current"] >= t.nbytes
 
 
-def test_empty_cache_lowers_reserved_bytes() -> None:
-    keep = ob.empty(MiB)
-    tensors = [ob.empty(2 * MiB) for _ in range(4)]
+def test_empty_cache_lowers_reserved_bytes(device: str) -> None:
+    keep = ob.empty(MiB, device=device)
+    tensors = [ob.empty(2 * MiB, device=device) for _ in range(4)]
     del tensors
-    before = stats()
+    before = stats(device)
     assert before["reserved_bytes.current"] > before["allocated_bytes.current"]
-    ob.empty_cache()
-    after = stats()
+    ob.empty_cache(device)
+    after = stats(device)
     assert after["reserved_bytes.current"] < before["reserved_bytes.current"]
     assert after["reserved_bytes.current"] >= after["allocated_bytes.current"] >= keep.nbytes
     assert after["allocated_bytes.current"] == before["allocated_bytes.current"]
     assert_invariants(after)
     # The kept tensor is intact and the pool still serves new requests.
-    np.testing.assert_array_equal(ob.zeros(100).numpy(), np.zeros(100, np.float32))
+    np.testing.assert_array_equal(ob.zeros(100, device=device).numpy(), np.zeros(100, np.float32))
     assert keep.numpy().shape == (MiB,)
 
 
-def test_fragmented_bytes_is_bounded_by_cached_bytes() -> None:
-    small = [ob.empty(64 * 1024) for _ in range(16)]
+def test_fragmented_bytes_is_bounded_by_cached_bytes(device: str) -> None:
+    small = [ob.empty(64 * 1024, device=device) for _ in range(16)]
     del small[::2]
-    big = ob.empty(16 * MiB)
-    s = stats()
+    big = ob.empty(16 * MiB, device=device)
+    s = stats(device)
     assert_invariants(s)
     del big, small
 

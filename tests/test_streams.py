@@ -36,8 +36,8 @@ def test_current_stream_is_stable_per_thread() -> None:
     assert s.device in ("cpu", "cpu:0")
 
 
-def test_new_streams_are_distinct() -> None:
-    s1, s2 = ob.Stream(), ob.Stream()
+def test_new_streams_are_distinct(device: str) -> None:
+    s1, s2 = ob.Stream(device=device), ob.Stream(device=device)
     assert s1 != s2
     assert s1.id != s2.id
     assert s1 != ob.current_stream()
@@ -45,18 +45,18 @@ def test_new_streams_are_distinct() -> None:
     assert s1 != "not a stream"
 
 
-def test_with_switches_and_restores() -> None:
+def test_with_switches_and_restores(device: str) -> None:
     default = ob.current_stream()
-    s = ob.Stream()
+    s = ob.Stream(device=device)
     with s as entered:
         assert entered is s
         assert ob.current_stream() == s
     assert ob.current_stream() == default
 
 
-def test_nested_with() -> None:
+def test_nested_with(device: str) -> None:
     default = ob.current_stream()
-    s1, s2 = ob.Stream(), ob.Stream()
+    s1, s2 = ob.Stream(device=device), ob.Stream(device=device)
     with s1:
         assert ob.current_stream() == s1
         with s2:
@@ -68,9 +68,9 @@ def test_nested_with() -> None:
     assert ob.current_stream() == default
 
 
-def test_with_restores_on_exception() -> None:
+def test_with_restores_on_exception(device: str) -> None:
     default = ob.current_stream()
-    s = ob.Stream()
+    s = ob.Stream(device=device)
     with pytest.raises(KeyError):
         with s:
             raise KeyError("inside")
@@ -176,9 +176,9 @@ def test_chain_of_dependent_in_place_adds(n: int) -> None:
     np.testing.assert_array_equal(acc.numpy(), np.full(n, 50.0))
 
 
-def test_chain_of_new_tensors() -> None:
-    s = ob.Stream()
-    x = ob.asarray(np.arange(1000, dtype=np.int64))
+def test_chain_of_new_tensors(device: str) -> None:
+    s = ob.Stream(device=device)
+    x = ob.asarray(np.arange(1000, dtype=np.int64), device=device)
     r = x
     with s:
         for _ in range(50):
@@ -186,10 +186,10 @@ def test_chain_of_new_tensors() -> None:
     np.testing.assert_array_equal(r.numpy(), 51 * np.arange(1000))
 
 
-def test_host_funcs_run_in_order_after_prior_work() -> None:
-    s = ob.Stream()
+def test_host_funcs_run_in_order_after_prior_work(device: str) -> None:
+    s = ob.Stream(device=device)
     log: list = []
-    t = ob.asarray(np.ones(1 << 18, np.float32))
+    t = ob.asarray(np.ones(1 << 18, np.float32), device=device)
     with s:
         r = ob.vector_add(t, t)
     s.launch_host_func(lambda: log.append(("ready", r.is_ready())))
@@ -199,11 +199,11 @@ def test_host_funcs_run_in_order_after_prior_work() -> None:
     assert log == [("ready", True)] + list(range(20))
 
 
-def test_host_func_sees_data_written_before_it() -> None:
-    s = ob.Stream()
+def test_host_func_sees_data_written_before_it(device: str) -> None:
+    s = ob.Stream(device=device)
     a = np.zeros(1000)
     ta = ob.from_dlpack(a)
-    one = ob.asarray(np.ones(1000))
+    one = ob.asarray(np.ones(1000), device=device)
     seen: list[float] = []
     with s:
         ob.vector_add(ta, one, out=ta)
@@ -215,8 +215,8 @@ def test_host_func_sees_data_written_before_it() -> None:
     np.testing.assert_array_equal(a, np.full(1000, 2.0))
 
 
-def test_host_func_raising_surfaces_at_next_synchronize() -> None:
-    s = ob.Stream()
+def test_host_func_raising_surfaces_at_next_synchronize(device: str) -> None:
+    s = ob.Stream(device=device)
 
     def boom() -> None:
         raise ValueError("boom from a host function")
@@ -230,7 +230,7 @@ def test_host_func_raising_surfaces_at_next_synchronize() -> None:
     s.synchronize()
     log: list[int] = []
     s.launch_host_func(lambda: log.append(1))
-    t = ob.asarray(np.ones(10))
+    t = ob.asarray(np.ones(10), device=device)
     with s:
         r = ob.vector_add(t, t)
     s.synchronize()
@@ -238,8 +238,8 @@ def test_host_func_raising_surfaces_at_next_synchronize() -> None:
     np.testing.assert_array_equal(r.numpy(), np.full(10, 2.0))
 
 
-def test_host_func_raising_surfaces_at_device_synchronize() -> None:
-    s = ob.Stream()
+def test_host_func_raising_surfaces_at_device_synchronize(device: str) -> None:
+    s = ob.Stream(device=device)
     s.launch_host_func(lambda: 1 / 0)
     with pytest.raises(ob.DeviceError):
         ob.synchronize()
@@ -303,8 +303,8 @@ def test_event_record_query_synchronize() -> None:
     assert log == ["gate"]
 
 
-def test_record_on_current_stream_and_record_event() -> None:
-    s = ob.Stream()
+def test_record_on_current_stream_and_record_event(device: str) -> None:
+    s = ob.Stream(device=device)
     with s:
         e = ob.Event()
         e.record()
@@ -319,10 +319,10 @@ def test_record_on_current_stream_and_record_event() -> None:
     e3.synchronize()
 
 
-def test_elapsed_time_is_non_negative() -> None:
-    s = ob.Stream()
+def test_elapsed_time_is_non_negative(device: str) -> None:
+    s = ob.Stream(device=device)
     start, end = ob.Event(), ob.Event()
-    t = ob.asarray(np.ones(1 << 16, np.float32))
+    t = ob.asarray(np.ones(1 << 16, np.float32), device=device)
     start.record(s)
     with s:
         ob.vector_add(t, t)
@@ -333,8 +333,8 @@ def test_elapsed_time_is_non_negative() -> None:
     assert elapsed >= 0.0
 
 
-def test_elapsed_time_measures_host_func_sleep() -> None:
-    s = ob.Stream()
+def test_elapsed_time_measures_host_func_sleep(device: str) -> None:
+    s = ob.Stream(device=device)
     start, end = ob.Event(), ob.Event()
     start.record(s)
     s.launch_host_func(lambda: time.sleep(0.05))
@@ -343,8 +343,8 @@ def test_elapsed_time_measures_host_func_sleep() -> None:
     assert start.elapsed_time(end) >= 45.0
 
 
-def test_elapsed_time_on_unrecorded_event_raises() -> None:
-    recorded = ob.Stream().record_event()
+def test_elapsed_time_on_unrecorded_event_raises(device: str) -> None:
+    recorded = ob.Stream(device=device).record_event()
     recorded.synchronize()
     with pytest.raises(ob.DeviceError):
         ob.Event().elapsed_time(recorded)
@@ -377,8 +377,8 @@ def _slow_writer(a: np.ndarray, value: float, delay: float):
     return func
 
 
-def test_wait_event_orders_streams() -> None:
-    stream_a, stream_b = ob.Stream(), ob.Stream()
+def test_wait_event_orders_streams(device: str) -> None:
+    stream_a, stream_b = ob.Stream(device=device), ob.Stream(device=device)
     a = np.zeros(1000)
     ta = ob.from_dlpack(a)
     stream_a.launch_host_func(_slow_writer(a, 5.0, 0.1))
@@ -389,8 +389,8 @@ def test_wait_event_orders_streams() -> None:
     np.testing.assert_array_equal(r.numpy(), np.full(1000, 10.0))
 
 
-def test_event_wait_method_orders_streams() -> None:
-    stream_a, stream_b = ob.Stream(), ob.Stream()
+def test_event_wait_method_orders_streams(device: str) -> None:
+    stream_a, stream_b = ob.Stream(device=device), ob.Stream(device=device)
     a = np.zeros(100, np.float32)
     ta = ob.from_dlpack(a)
     stream_a.launch_host_func(_slow_writer(a, 3.0, 0.1))
@@ -402,8 +402,8 @@ def test_event_wait_method_orders_streams() -> None:
     np.testing.assert_array_equal(r.numpy(), np.full(100, 6.0, np.float32))
 
 
-def test_wait_stream_orders_streams() -> None:
-    stream_a, stream_b = ob.Stream(), ob.Stream()
+def test_wait_stream_orders_streams(device: str) -> None:
+    stream_a, stream_b = ob.Stream(device=device), ob.Stream(device=device)
     a = np.zeros(1000, np.int64)
     ta = ob.from_dlpack(a)
     stream_a.launch_host_func(_slow_writer(a, 7, 0.1))

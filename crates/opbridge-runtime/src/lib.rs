@@ -104,3 +104,20 @@ impl DeviceContext {
         self.streams.synchronize_all()
     }
 }
+
+/// Runs one test body on every device this build can reach, as candle's `test_device!` does:
+/// `test_device!(name)` after `fn name(ctx: &'static Arc<DeviceContext>)` makes the module
+/// `name` with one `#[test]` per device (`name::cpu` today). Accelerator devices add their arm
+/// here (Ascend next), behind their cargo feature, skipping with a message where no driver loads,
+/// so every test written this way runs on them with no change.
+#[macro_export]
+macro_rules! test_device {
+    ($body:ident) => {
+        mod $body {
+            #[test]
+            fn cpu() {
+                super::$body($crate::DeviceContext::get($crate::DeviceId::CPU).expect("cpu:0 always exists"));
+            }
+        }
+    };
+}

@@ -7,7 +7,9 @@
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use opbridge_runtime::{DeviceContext, DeviceId, Error, MemoryPool, PoolStats, Stream, StreamId, ALIGNMENT};
+use opbridge_runtime::{
+    test_device, DeviceContext, DeviceId, Error, MemoryPool, PoolStats, Stream, StreamId, ALIGNMENT,
+};
 
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
@@ -18,9 +20,9 @@ const LARGE_SEGMENT: usize = 20 * MIB;
 static SERIAL: Mutex<()> = Mutex::new(());
 
 /// Takes the file's lock, removes any limit and returns the pool with an empty cache.
-fn fresh_pool() -> (MutexGuard<'static, ()>, Arc<MemoryPool>) {
+fn fresh_pool(ctx: &DeviceContext) -> (MutexGuard<'static, ()>, Arc<MemoryPool>) {
     let guard = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let pool = Arc::clone(DeviceContext::cpu().pool());
+    let pool = Arc::clone(ctx.pool());
     pool.set_limit(None).expect("removing the limit");
     pool.empty_cache().expect("emptying the cache");
     pool.reset_peak_stats();
@@ -31,8 +33,8 @@ fn fresh_pool() -> (MutexGuard<'static, ()>, Arc<MemoryPool>) {
     (guard, pool)
 }
 
-fn new_stream() -> Stream {
-    Stream::new(DeviceContext::cpu()).expect("creating a stream")
+fn new_stream(ctx: &DeviceContext) -> Stream {
+    Stream::new(ctx).expect("creating a stream")
 }
 
 /// Invariants that hold after every pool operation.
@@ -52,9 +54,8 @@ fn alignment_constant_is_64_bytes() {
     assert_eq!(ALIGNMENT, 64);
 }
 
-#[test]
-fn block_sizes_round_up_to_512_bytes() {
-    let (_guard, pool) = fresh_pool();
+fn block_sizes_round_up_to_512_bytes(ctx: &'static Arc<DeviceContext>) {
+    let (_guard, pool) = fresh_pool(ctx);
     assert_eq!(pool.block_size(0), 512);
     assert_eq!(pool.block_size(1), 512);
     assert_eq!(pool.block_size(512), 512);
@@ -62,10 +63,10 @@ fn block_sizes_round_up_to_512_bytes() {
     assert_eq!(pool.block_size(MIB), MIB);
     assert_eq!(pool.block_size(MIB + 1), MIB + 512);
 }
+test_device!(block_sizes_round_up_to_512_bytes);
 
-#[test]
-fn small_requests_are_carved_from_one_2mib_segment() {
-    let (_guard, pool) = fresh_pool();
+fn small_requests_are_carved_from_one_2mib_segment(ctx: &'static Arc<DeviceContext>) {
+    let (_guard, pool) = fresh_pool(ctx);
     let hits = pool.stats().num_cache_hits;
     let a = pool.allocate(1, StreamId::HOST).unwrap();
     let stats = pool.stats();
@@ -97,10 +98,10 @@ fn small_requests_are_carved_from_one_2mib_segment() {
     assert_eq!(stats.allocated_bytes_current, 0);
     assert_eq!(stats.free_blocks, 2, "each segment coalesces back into one free block");
 }
+test_device!(small_requests_are_carved_from_one_2mib_segment);
 
-#[test]
-fn large_requests_use_large_segments() {
-    let (_guard, pool) = fresh_pool();
+fn large_requests_use_large_segments(ctx: &'static Arc<DeviceContext>) {
+    let (_guard, pool) = fresh_pool(ctx);
     // 10 MiB and more: a segment of its own, rounded up to 2 MiB. The rest (1 MiB - 512) is
     // too small to split off a large block: the request gets the whole segment.
     let c = pool.allocate(11 * MIB + 1, StreamId::HOST).unwrap();
@@ -132,10 +133,10 @@ fn large_requests_use_large_segments() {
     drop((a, b, c, d, small));
     assert_eq!(pool.stats().allocated_bytes_current, 0);
 }
+test_device!(large_requests_use_large_segments);
 
-#[test]
-fn freed_neighbours_coalesce_and_serve_their_combined_size() {
-    let (_guard, pool) = fresh_pool();
+fn freed_neighbours_coalesce_and_serve_their_combined_size(ctx: &'static Arc<DeviceContext>) {
+    let (_guard, pool) = fresh_pool(ctx);
     let a = pool.allocate(4 * KIB, StreamId::HOST).unwrap();
     let b = pool.allocate(4 * KIB, StreamId::HOST).unwrap();
     let c = pool.allocate(4 * KIB, StreamId::HOST).unwrap();
@@ -177,10 +178,10 @@ fn freed_neighbours_coalesce_and_serve_their_combined_size() {
     assert_eq!(all_small.ptr().0, b_ptr.0 - 4 * KIB, "served from the start of the merged segment");
     assert_eq!(pool.stats().num_cache_hits, hits + 2);
 }
+test_device!(freed_neighbours_coalesce_and_serve_their_combined_size);
 
-#[test]
-fn free_order_does_not_matter_for_coalescing() {
-    let (_guard, pool) = fresh_pool();
+fn free_order_does_not_matter_for_coalescing(ctx: &'static Arc<DeviceContext>) {
+    let (_guard, pool) = fresh_pool(ctx);
     // Every permutation of freeing four neighbours ends in one free block per segment.
     let orders: [[usize; 4]; 6] = [[0, 1, 2, 3], [3, 2, 1, 0], [0, 2, 1, 3], [1, 3, 0, 2], [2, 0, 3, 1], [3, 0, 2, 1]];
     for order in orders {
@@ -201,10 +202,10 @@ fn free_order_does_not_matter_for_coalescing() {
     pool.empty_cache().unwrap();
     assert_eq!(pool.stats().reserved_bytes_current, 0, "fully coalesced segments are released");
 }
+test_device!(free_order_does_not_matter_for_coalescing);
 
-#[test]
-fn every_block_is_64_byte_aligned() {
-    let (_guard, pool) = fresh_pool();
+fn every_block_is_64_byte_aligned(ctx: &'static Arc<DeviceContext>) {
+    let (_guard, pool) = fresh_pool(ctx);
     let sizes = [0, 1, 3, 63, 64, 65, 100, 511, 512, 513, 1000, 4095, 4097, 65_537, MIB - 1, MIB, MIB + 3, 5 * MIB + 7];
     let buffers: Vec<_> = sizes.iter().map(|&n| pool.allocate(n, StreamId::HOST).unwrap()).collect();
     for (buffer, &n) in buffers.iter().zip(&sizes) {
@@ -217,10 +218,10 @@ fn every_block_is_64_byte_aligned() {
         assert!(is_aligned(sub.ptr().0), "sub-buffer of {} bytes at {:#x}", sub.len(), sub.ptr().0);
     }
 }
+test_device!(every_block_is_64_byte_aligned);
 
-#[test]
-fn reuse_counts_as_a_cache_hit() {
-    let (_guard, pool) = fresh_pool();
+fn reuse_counts_as_a_cache_hit(ctx: &'static Arc<DeviceContext>) {
+    let (_guard, pool) = fresh_pool(ctx);
     let before = pool.stats();
     let first = pool.allocate(4 * KIB, StreamId::HOST).unwrap();
     let ptr = first.ptr();
@@ -237,11 +238,11 @@ fn reuse_counts_as_a_cache_hit() {
         assert_eq!(stats.reserved_bytes_current, after_first.reserved_bytes_current);
     }
 }
+test_device!(reuse_counts_as_a_cache_hit);
 
-#[test]
-fn block_used_on_another_stream_is_held_until_that_stream_is_done() {
-    let (_guard, pool) = fresh_pool();
-    let (a, b) = (new_stream(), new_stream());
+fn block_used_on_another_stream_is_held_until_that_stream_is_done(ctx: &'static Arc<DeviceContext>) {
+    let (_guard, pool) = fresh_pool(ctx);
+    let (a, b) = (new_stream(ctx), new_stream(ctx));
     let buffer = pool.allocate(4 * KIB, a.id()).unwrap();
     let ptr = buffer.ptr();
 
@@ -273,11 +274,11 @@ fn block_used_on_another_stream_is_held_until_that_stream_is_done() {
     assert_eq!(reused.ptr(), ptr, "now the block is handed out again on A");
     drop(other);
 }
+test_device!(block_used_on_another_stream_is_held_until_that_stream_is_done);
 
-#[test]
-fn use_on_the_owning_stream_needs_no_wait() {
-    let (_guard, pool) = fresh_pool();
-    let a = new_stream();
+fn use_on_the_owning_stream_needs_no_wait(ctx: &'static Arc<DeviceContext>) {
+    let (_guard, pool) = fresh_pool(ctx);
+    let a = new_stream(ctx);
     let (release, gate) = mpsc::channel::<()>();
     a.launch(Box::new(move || {
         let _ = gate.recv();
@@ -294,11 +295,11 @@ fn use_on_the_owning_stream_needs_no_wait() {
     release.send(()).unwrap();
     a.synchronize().unwrap();
 }
+test_device!(use_on_the_owning_stream_needs_no_wait);
 
-#[test]
-fn use_on_several_streams_waits_for_all_of_them() {
-    let (_guard, pool) = fresh_pool();
-    let (b, c) = (new_stream(), new_stream());
+fn use_on_several_streams_waits_for_all_of_them(ctx: &'static Arc<DeviceContext>) {
+    let (_guard, pool) = fresh_pool(ctx);
+    let (b, c) = (new_stream(ctx), new_stream(ctx));
     let buffer = pool.allocate(4 * KIB, StreamId::HOST).unwrap();
     let ptr = buffer.ptr();
     let mut releases = Vec::new();
@@ -327,11 +328,11 @@ fn use_on_several_streams_waits_for_all_of_them() {
     assert_eq!(pool.allocate(4 * KIB, StreamId::HOST).unwrap().ptr(), ptr);
     drop(held);
 }
+test_device!(use_on_several_streams_waits_for_all_of_them);
 
-#[test]
-fn cached_blocks_belong_to_their_stream() {
-    let (_guard, pool) = fresh_pool();
-    let (a, b) = (new_stream(), new_stream());
+fn cached_blocks_belong_to_their_stream(ctx: &'static Arc<DeviceContext>) {
+    let (_guard, pool) = fresh_pool(ctx);
+    let (a, b) = (new_stream(ctx), new_stream(ctx));
     let on_a = pool.allocate(64 * KIB, a.id()).unwrap();
     let ptr = on_a.ptr();
     drop(on_a);
@@ -361,10 +362,10 @@ fn cached_blocks_belong_to_their_stream() {
     assert_eq!(stats.num_cache_hits, before.num_cache_hits + 2);
     assert_eq!(stats.reserved_bytes_current, 3 * SMALL_SEGMENT);
 }
+test_device!(cached_blocks_belong_to_their_stream);
 
-#[test]
-fn limit_exceeded_reports_out_of_memory_with_fields() {
-    let (_guard, pool) = fresh_pool();
+fn limit_exceeded_reports_out_of_memory_with_fields(ctx: &'static Arc<DeviceContext>) {
+    let (_guard, pool) = fresh_pool(ctx);
     pool.set_limit(Some(4 * MIB)).unwrap();
     assert_eq!(pool.stats().limit, Some(4 * MIB));
     let held = pool.allocate(MIB, StreamId::HOST).unwrap(); // one 2 MiB small segment
@@ -395,10 +396,10 @@ fn limit_exceeded_reports_out_of_memory_with_fields() {
     pool.set_limit(None).unwrap();
     assert_eq!(pool.stats().limit, None);
 }
+test_device!(limit_exceeded_reports_out_of_memory_with_fields);
 
-#[test]
-fn an_unrepresentable_request_is_out_of_memory() {
-    let (_guard, pool) = fresh_pool();
+fn an_unrepresentable_request_is_out_of_memory(ctx: &'static Arc<DeviceContext>) {
+    let (_guard, pool) = fresh_pool(ctx);
     match pool.allocate(usize::MAX, StreamId::HOST) {
         Err(Error::OutOfMemory { requested, quota: false, .. }) => assert_eq!(requested, usize::MAX),
         other => panic!("expected OutOfMemory, got {other:?}"),
@@ -406,10 +407,10 @@ fn an_unrepresentable_request_is_out_of_memory() {
     assert!(matches!(pool.allocate_many(&[usize::MAX, 64], StreamId::HOST), Err(Error::OutOfMemory { .. })));
     assert_eq!(pool.stats().allocated_blocks, 0);
 }
+test_device!(an_unrepresentable_request_is_out_of_memory);
 
-#[test]
-fn out_of_memory_retries_after_releasing_the_cache() {
-    let (_guard, pool) = fresh_pool();
+fn out_of_memory_retries_after_releasing_the_cache(ctx: &'static Arc<DeviceContext>) {
+    let (_guard, pool) = fresh_pool(ctx);
     let limit = 3 * MIB + MIB / 2;
     pool.set_limit(Some(limit)).unwrap();
     // Under the limit a large request gets a segment of exactly its size (20 MiB won't fit).
@@ -431,20 +432,20 @@ fn out_of_memory_retries_after_releasing_the_cache() {
     drop(small);
     pool.set_limit(None).unwrap();
 }
+test_device!(out_of_memory_retries_after_releasing_the_cache);
 
-#[test]
-fn lowering_the_limit_releases_cached_memory() {
-    let (_guard, pool) = fresh_pool();
+fn lowering_the_limit_releases_cached_memory(ctx: &'static Arc<DeviceContext>) {
+    let (_guard, pool) = fresh_pool(ctx);
     drop(pool.allocate(12 * MIB, StreamId::HOST).unwrap());
     assert_eq!(pool.stats().reserved_bytes_current, 12 * MIB);
     pool.set_limit(Some(8 * MIB)).unwrap();
     assert_eq!(pool.stats().reserved_bytes_current, 0, "cache above the new limit is released");
     pool.set_limit(None).unwrap();
 }
+test_device!(lowering_the_limit_releases_cached_memory);
 
-#[test]
-fn empty_cache_releases_only_unused_segments() {
-    let (_guard, pool) = fresh_pool();
+fn empty_cache_releases_only_unused_segments(ctx: &'static Arc<DeviceContext>) {
+    let (_guard, pool) = fresh_pool(ctx);
     let small = pool.allocate(4 * KIB, StreamId::HOST).unwrap();
     let large = pool.allocate(12 * MIB, StreamId::HOST).unwrap();
     assert_eq!(pool.stats().reserved_bytes_current, SMALL_SEGMENT + 12 * MIB);
@@ -463,13 +464,13 @@ fn empty_cache_releases_only_unused_segments() {
     assert_eq!(stats.free_blocks, 0);
     assert!(stats.reserved_bytes_peak >= SMALL_SEGMENT + 12 * MIB, "the peak survives empty_cache");
 }
+test_device!(empty_cache_releases_only_unused_segments);
 
-#[test]
-fn empty_cache_waits_for_work_on_dropped_streams() {
-    let (_guard, pool) = fresh_pool();
+fn empty_cache_waits_for_work_on_dropped_streams(ctx: &'static Arc<DeviceContext>) {
+    let (_guard, pool) = fresh_pool(ctx);
     let buffer = pool.allocate(4 * KIB, StreamId::HOST).unwrap();
     let finished = {
-        let stream = new_stream();
+        let stream = new_stream(ctx);
         stream
             .launch(Box::new(|| {
                 std::thread::sleep(std::time::Duration::from_millis(100));
@@ -490,10 +491,10 @@ fn empty_cache_waits_for_work_on_dropped_streams() {
     assert_eq!(stats.allocated_blocks, 0, "{stats:?}");
     assert_eq!(stats.reserved_bytes_current, 0, "{stats:?}");
 }
+test_device!(empty_cache_waits_for_work_on_dropped_streams);
 
-#[test]
-fn reset_peak_stats_starts_peaks_from_current_usage() {
-    let (_guard, pool) = fresh_pool();
+fn reset_peak_stats_starts_peaks_from_current_usage(ctx: &'static Arc<DeviceContext>) {
+    let (_guard, pool) = fresh_pool(ctx);
     let big = pool.allocate(8 * MIB, StreamId::HOST).unwrap();
     drop(big);
     let keep = pool.allocate(4 * KIB, StreamId::HOST).unwrap();
@@ -516,10 +517,10 @@ fn reset_peak_stats_starts_peaks_from_current_usage() {
     drop((keep, more));
     assert_eq!(pool.stats().allocated_bytes_peak, 20 * KIB, "freeing does not lower the peak");
 }
+test_device!(reset_peak_stats_starts_peaks_from_current_usage);
 
-#[test]
-fn fragmented_bytes_counts_free_blocks_too_small_for_the_largest_request() {
-    let (_guard, pool) = fresh_pool();
+fn fragmented_bytes_counts_free_blocks_too_small_for_the_largest_request(ctx: &'static Arc<DeviceContext>) {
+    let (_guard, pool) = fresh_pool(ctx);
     pool.reset_peak_stats();
     let a = pool.allocate(4 * KIB, StreamId::HOST).unwrap();
     let b = pool.allocate(4 * KIB, StreamId::HOST).unwrap();
@@ -536,10 +537,10 @@ fn fragmented_bytes_counts_free_blocks_too_small_for_the_largest_request() {
     pool.reset_peak_stats();
     assert_eq!(pool.stats().fragmented_bytes, 0, "no recent request: nothing counts as fragmented");
 }
+test_device!(fragmented_bytes_counts_free_blocks_too_small_for_the_largest_request);
 
-#[test]
-fn child_pool_enforces_its_quota() {
-    let (_guard, pool) = fresh_pool();
+fn child_pool_enforces_its_quota(ctx: &'static Arc<DeviceContext>) {
+    let (_guard, pool) = fresh_pool(ctx);
     let child = pool.child(64 * KIB);
     assert_eq!(child.quota(), 64 * KIB);
     assert_eq!(child.usage(), (0, 0));
@@ -583,10 +584,10 @@ fn child_pool_enforces_its_quota() {
     assert_eq!(twin.usage().0, 0);
     assert_eq!(pool.stats().allocated_bytes_current, parent_before.allocated_bytes_current);
 }
+test_device!(child_pool_enforces_its_quota);
 
-#[test]
-fn child_pool_allocate_many_counts_against_the_quota() {
-    let (_guard, pool) = fresh_pool();
+fn child_pool_allocate_many_counts_against_the_quota(ctx: &'static Arc<DeviceContext>) {
+    let (_guard, pool) = fresh_pool(ctx);
     let child = pool.child(16 * KIB);
     let subs = child.allocate_many(&[1000, 3000, 64], StreamId::HOST).unwrap();
     assert_eq!(subs.len(), 3);
@@ -603,10 +604,10 @@ fn child_pool_allocate_many_counts_against_the_quota() {
     assert_eq!(child.usage().0, 0);
     assert_eq!(pool.stats().allocated_blocks, 0);
 }
+test_device!(child_pool_allocate_many_counts_against_the_quota);
 
-#[test]
-fn child_pool_gives_its_quota_back_when_the_parent_fails() {
-    let (_guard, pool) = fresh_pool();
+fn child_pool_gives_its_quota_back_when_the_parent_fails(ctx: &'static Arc<DeviceContext>) {
+    let (_guard, pool) = fresh_pool(ctx);
     pool.set_limit(Some(SMALL_SEGMENT)).unwrap();
     let child = pool.child(64 * MIB);
     match child.allocate(4 * MIB, StreamId::HOST) {
@@ -623,10 +624,10 @@ fn child_pool_gives_its_quota_back_when_the_parent_fails() {
     drop(fits);
     assert_eq!(child.usage().0, 0);
 }
+test_device!(child_pool_gives_its_quota_back_when_the_parent_fails);
 
-#[test]
-fn allocate_many_carves_one_block_into_disjoint_aligned_pieces() {
-    let (_guard, pool) = fresh_pool();
+fn allocate_many_carves_one_block_into_disjoint_aligned_pieces(ctx: &'static Arc<DeviceContext>) {
+    let (_guard, pool) = fresh_pool(ctx);
     let sizes = [100, 1, 4096, 63, 65, 0, 1000];
     let before = pool.stats();
     let mut subs = pool.allocate_many(&sizes, StreamId::HOST).unwrap();
@@ -669,6 +670,7 @@ fn allocate_many_carves_one_block_into_disjoint_aligned_pieces() {
     assert!(none.is_empty());
     assert_eq!(pool.stats().allocated_blocks, before.allocated_blocks);
 }
+test_device!(allocate_many_carves_one_block_into_disjoint_aligned_pieces);
 
 /// A 64-bit linear congruential generator (Knuth's MMIX constants): deterministic, no crates.
 struct Lcg(u64);
@@ -702,10 +704,9 @@ impl Held {
     }
 }
 
-#[test]
-fn randomized_alloc_and_free_keep_the_stats_consistent() {
-    let (_guard, pool) = fresh_pool();
-    let streams = [new_stream(), new_stream()];
+fn randomized_alloc_and_free_keep_the_stats_consistent(ctx: &'static Arc<DeviceContext>) {
+    let (_guard, pool) = fresh_pool(ctx);
+    let streams = [new_stream(ctx), new_stream(ctx)];
     let ids = [StreamId::HOST, streams[0].id(), streams[1].id()];
     for seed in [1u64, 42, 0x5eed_cafe] {
         let mut rng = Lcg(seed);
@@ -763,3 +764,4 @@ fn randomized_alloc_and_free_keep_the_stats_consistent() {
         assert_eq!(stats.free_blocks, 0, "seed {seed}");
     }
 }
+test_device!(randomized_alloc_and_free_keep_the_stats_consistent);

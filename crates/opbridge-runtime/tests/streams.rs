@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use opbridge_runtime::pipeline::{staged_map, PipelineReport};
 use opbridge_runtime::{
-    current_stream, set_current_stream, AsyncError, DType, DeviceContext, DeviceId, DevicePtr, Error, ErrorKind, Event,
-    HostFn, Stream, StreamId, Tensor,
+    current_stream, set_current_stream, test_device, AsyncError, DType, DeviceContext, DeviceId, DevicePtr, Error,
+    ErrorKind, Event, HostFn, Stream, StreamId, Tensor,
 };
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -25,12 +25,8 @@ fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn ctx() -> &'static DeviceContext {
-    DeviceContext::cpu()
-}
-
-fn new_stream() -> Stream {
-    Stream::new(ctx()).expect("creating a stream")
+fn new_stream(ctx: &DeviceContext) -> Stream {
+    Stream::new(ctx).expect("creating a stream")
 }
 
 type Log<T> = Arc<Mutex<Vec<T>>>;
@@ -69,10 +65,9 @@ fn sleep_kernel(ms: u64) -> HostFn {
     })
 }
 
-#[test]
-fn launches_on_one_stream_run_in_order() {
+fn launches_on_one_stream_run_in_order(ctx: &'static Arc<DeviceContext>) {
     let _serial = serial();
-    let stream = new_stream();
+    let stream = new_stream(ctx);
     assert_eq!(stream.device(), DeviceId::CPU);
     assert_ne!(stream.id(), StreamId::HOST);
     let log = new_log();
@@ -83,11 +78,11 @@ fn launches_on_one_stream_run_in_order() {
     assert_eq!(logged(&log), (0..1000).collect::<Vec<_>>());
     assert!(stream.query());
 }
+test_device!(launches_on_one_stream_run_in_order);
 
-#[test]
-fn host_funcs_run_in_order_with_kernels() {
+fn host_funcs_run_in_order_with_kernels(ctx: &'static Arc<DeviceContext>) {
     let _serial = serial();
-    let stream = new_stream();
+    let stream = new_stream(ctx);
     let log = new_log();
     let (release, blocked) = gate();
     stream.launch(blocked).unwrap();
@@ -105,21 +100,21 @@ fn host_funcs_run_in_order_with_kernels() {
         (0..30).map(|i| if i % 3 == 0 { format!("host {i}") } else { format!("kernel {i}") }).collect();
     assert_eq!(logged(&log), expected);
 }
+test_device!(host_funcs_run_in_order_with_kernels);
 
-#[test]
-fn streams_are_distinct_and_comparable() {
+fn streams_are_distinct_and_comparable(ctx: &'static Arc<DeviceContext>) {
     let _serial = serial();
-    let (a, b) = (new_stream(), new_stream());
+    let (a, b) = (new_stream(ctx), new_stream(ctx));
     assert_ne!(a, b);
     assert_ne!(a.id(), b.id());
     assert_eq!(a.clone(), a, "a clone is a handle to the same stream");
     assert!(format!("{a:?}").contains("cpu:0"));
 }
+test_device!(streams_are_distinct_and_comparable);
 
-#[test]
-fn each_thread_has_its_own_current_stream() {
+fn each_thread_has_its_own_current_stream(ctx: &'static Arc<DeviceContext>) {
     let _serial = serial();
-    let ctx = ctx();
+    let ctx = ctx;
     let here = ctx.current_stream().unwrap();
     assert_eq!(current_stream(ctx).unwrap(), here, "same thread, same stream");
     assert_eq!(ctx.current_stream().unwrap(), here);
@@ -138,21 +133,21 @@ fn each_thread_has_its_own_current_stream() {
     assert_ne!(y, here.id());
     assert_eq!(ctx.current_stream().unwrap(), here, "other threads did not change this one's");
 }
+test_device!(each_thread_has_its_own_current_stream);
 
-#[test]
-fn set_current_stream_returns_the_previous_one() {
+fn set_current_stream_returns_the_previous_one(ctx: &'static Arc<DeviceContext>) {
     let _serial = serial();
-    let ctx = ctx();
+    let ctx = ctx;
     // A fresh thread has no current stream until it asks for one or sets one.
     thread::scope(|s| {
         s.spawn(|| {
-            let mine = new_stream();
+            let mine = new_stream(ctx);
             assert_eq!(set_current_stream(mine.clone()), None);
             assert_eq!(current_stream(ctx).unwrap(), mine);
         });
     });
     let original = current_stream(ctx).unwrap();
-    let other = new_stream();
+    let other = new_stream(ctx);
     let previous = set_current_stream(other.clone());
     assert_eq!(previous.as_ref(), Some(&original));
     assert_eq!(current_stream(ctx).unwrap(), other);
@@ -161,11 +156,11 @@ fn set_current_stream_returns_the_previous_one() {
     assert_eq!(restored, Some(other));
     assert_eq!(current_stream(ctx).unwrap(), original);
 }
+test_device!(set_current_stream_returns_the_previous_one);
 
-#[test]
-fn synchronize_waits_for_the_stream() {
+fn synchronize_waits_for_the_stream(ctx: &'static Arc<DeviceContext>) {
     let _serial = serial();
-    let stream = new_stream();
+    let stream = new_stream(ctx);
     let done = Arc::new(AtomicBool::new(false));
     let (release, blocked) = gate();
     stream.launch(blocked).unwrap();
@@ -183,11 +178,11 @@ fn synchronize_waits_for_the_stream() {
     assert!(done.load(Ordering::SeqCst));
     assert!(stream.query());
 }
+test_device!(synchronize_waits_for_the_stream);
 
-#[test]
-fn device_synchronize_waits_for_every_stream() {
+fn device_synchronize_waits_for_every_stream(ctx: &'static Arc<DeviceContext>) {
     let _serial = serial();
-    let streams: Vec<Stream> = (0..3).map(|_| new_stream()).collect();
+    let streams: Vec<Stream> = (0..3).map(|_| new_stream(ctx)).collect();
     let flags: Vec<Arc<AtomicBool>> = (0..3).map(|_| Arc::new(AtomicBool::new(false))).collect();
     for (stream, flag) in streams.iter().zip(&flags) {
         let flag = Arc::clone(flag);
@@ -199,17 +194,17 @@ fn device_synchronize_waits_for_every_stream() {
             }))
             .unwrap();
     }
-    ctx().synchronize().unwrap();
+    ctx.synchronize().unwrap();
     assert!(flags.iter().all(|f| f.load(Ordering::SeqCst)));
     assert!(streams.iter().all(Stream::query));
 }
+test_device!(device_synchronize_waits_for_every_stream);
 
-#[test]
-fn device_synchronize_waits_for_work_on_dropped_streams() {
+fn device_synchronize_waits_for_work_on_dropped_streams(ctx: &'static Arc<DeviceContext>) {
     let _serial = serial();
     let done = Arc::new(AtomicBool::new(false));
     {
-        let stream = new_stream();
+        let stream = new_stream(ctx);
         stream.launch(sleep_kernel(100)).unwrap();
         let flag = Arc::clone(&done);
         stream
@@ -222,20 +217,20 @@ fn device_synchronize_waits_for_work_on_dropped_streams() {
             .launch(Box::new(|| Err(AsyncError::new(ErrorKind::Device, "failed after its stream was dropped"))))
             .unwrap();
     } // the only handle goes; the queued work keeps running (as after cudaStreamDestroy)
-    let outcome = ctx().synchronize();
+    let outcome = ctx.synchronize();
     assert!(done.load(Ordering::SeqCst), "the dropped stream's work finished first");
     // Its asynchronous error is not lost either.
     match outcome {
         Err(Error::Async { error, .. }) => assert_eq!(error.message(), "failed after its stream was dropped"),
         other => panic!("expected the dropped stream's error, got {other:?}"),
     }
-    ctx().synchronize().unwrap();
+    ctx.synchronize().unwrap();
 }
+test_device!(device_synchronize_waits_for_work_on_dropped_streams);
 
-#[test]
-fn kernel_errors_surface_at_the_next_synchronize() {
+fn kernel_errors_surface_at_the_next_synchronize(ctx: &'static Arc<DeviceContext>) {
     let _serial = serial();
-    let stream = new_stream();
+    let stream = new_stream(ctx);
     let log = new_log();
     stream.launch(Box::new(|| Err(AsyncError::new(ErrorKind::Device, "boom")))).unwrap();
     stream.launch(push(&log, 1)).unwrap();
@@ -270,32 +265,32 @@ fn kernel_errors_surface_at_the_next_synchronize() {
     assert!(matches!(stream.synchronize(), Err(Error::Async { error, .. }) if error.message() == "first"));
     stream.synchronize().unwrap();
 }
+test_device!(kernel_errors_surface_at_the_next_synchronize);
 
-#[test]
-fn device_synchronize_reports_a_stream_error_once() {
+fn device_synchronize_reports_a_stream_error_once(ctx: &'static Arc<DeviceContext>) {
     let _serial = serial();
-    let (ok, failing) = (new_stream(), new_stream());
+    let (ok, failing) = (new_stream(ctx), new_stream(ctx));
     ok.launch(sleep_kernel(5)).unwrap();
     failing.launch(Box::new(|| Err(AsyncError::new(ErrorKind::Device, "late failure")))).unwrap();
-    match ctx().synchronize() {
+    match ctx.synchronize() {
         Err(Error::Async { error, .. }) => assert_eq!(error.message(), "late failure"),
         other => panic!("expected an async error, got {other:?}"),
     }
     failing.synchronize().expect("already reported by the device synchronize");
-    ctx().synchronize().unwrap();
+    ctx.synchronize().unwrap();
     let log = new_log();
     failing.launch(push(&log, "still works")).unwrap();
     failing.synchronize().unwrap();
     assert_eq!(logged(&log), ["still works"]);
 }
+test_device!(device_synchronize_reports_a_stream_error_once);
 
-#[test]
-fn events_complete_in_stream_order_and_time_the_work_between() {
+fn events_complete_in_stream_order_and_time_the_work_between(ctx: &'static Arc<DeviceContext>) {
     let _serial = serial();
-    let stream = new_stream();
+    let stream = new_stream(ctx);
     let start = stream.record_new_event().unwrap();
     stream.launch(sleep_kernel(20)).unwrap();
-    let end = Event::new(ctx()).unwrap();
+    let end = Event::new(ctx).unwrap();
     assert_eq!(end.device(), DeviceId::CPU);
     end.record(&stream).unwrap();
     end.synchronize().unwrap();
@@ -305,11 +300,11 @@ fn events_complete_in_stream_order_and_time_the_work_between() {
     let back = end.elapsed_ms(&start).unwrap();
     assert!(back <= -19.999, "signed like cudaEventElapsedTime: {back}");
 }
+test_device!(events_complete_in_stream_order_and_time_the_work_between);
 
-#[test]
-fn event_query_follows_the_stream() {
+fn event_query_follows_the_stream(ctx: &'static Arc<DeviceContext>) {
     let _serial = serial();
-    let stream = new_stream();
+    let stream = new_stream(ctx);
     let (release, blocked) = gate();
     stream.launch(blocked).unwrap();
     let event = stream.record_new_event().unwrap();
@@ -319,12 +314,12 @@ fn event_query_follows_the_stream() {
     event.synchronize().unwrap();
     assert!(event.query());
 }
+test_device!(event_query_follows_the_stream);
 
-#[test]
-fn elapsed_time_needs_two_completed_events() {
+fn elapsed_time_needs_two_completed_events(ctx: &'static Arc<DeviceContext>) {
     let _serial = serial();
-    let stream = new_stream();
-    let never = Event::new(ctx()).unwrap();
+    let stream = new_stream(ctx);
+    let never = Event::new(ctx).unwrap();
     assert!(never.query(), "an unrecorded event counts as complete");
     never.synchronize().unwrap();
     let recorded = stream.record_new_event().unwrap();
@@ -341,11 +336,11 @@ fn elapsed_time_needs_two_completed_events() {
     pending.synchronize().unwrap();
     assert!(recorded.elapsed_ms(&pending).unwrap() >= 0.0);
 }
+test_device!(elapsed_time_needs_two_completed_events);
 
-#[test]
-fn re_recording_an_event_moves_it() {
+fn re_recording_an_event_moves_it(ctx: &'static Arc<DeviceContext>) {
     let _serial = serial();
-    let (busy, idle) = (new_stream(), new_stream());
+    let (busy, idle) = (new_stream(ctx), new_stream(ctx));
     let (release, blocked) = gate();
     busy.launch(blocked).unwrap();
     let event = busy.record_new_event().unwrap();
@@ -357,11 +352,11 @@ fn re_recording_an_event_moves_it() {
     busy.synchronize().unwrap();
     assert!(event.query());
 }
+test_device!(re_recording_an_event_moves_it);
 
-#[test]
-fn wait_event_orders_work_across_streams() {
+fn wait_event_orders_work_across_streams(ctx: &'static Arc<DeviceContext>) {
     let _serial = serial();
-    let (a, b) = (new_stream(), new_stream());
+    let (a, b) = (new_stream(ctx), new_stream(ctx));
     let log = new_log();
     let (release, blocked) = gate();
     a.launch(blocked).unwrap();
@@ -376,12 +371,13 @@ fn wait_event_orders_work_across_streams() {
     assert_eq!(logged(&log), ["a", "b"]);
 
     // Waiting on an event that was never recorded does not block.
-    let c = new_stream();
-    c.wait_event(&Event::new(ctx()).unwrap()).unwrap();
+    let c = new_stream(ctx);
+    c.wait_event(&Event::new(ctx).unwrap()).unwrap();
     c.launch(push(&log, "c")).unwrap();
     c.synchronize().unwrap();
     assert_eq!(logged(&log), ["a", "b", "c"]);
 }
+test_device!(wait_event_orders_work_across_streams);
 
 /// Writes `values` to the f32s at `ptr`.
 ///
@@ -403,11 +399,10 @@ unsafe fn read_f32s(ptr: DevicePtr, n: usize) -> Vec<f32> {
     unsafe { std::slice::from_raw_parts(ptr.0 as *const f32, n).to_vec() }
 }
 
-#[test]
-fn tensor_read_on_another_stream_sees_the_write() {
+fn tensor_read_on_another_stream_sees_the_write(ctx: &'static Arc<DeviceContext>) {
     let _serial = serial();
-    let ctx = ctx();
-    let (a, b) = (new_stream(), new_stream());
+    let ctx = ctx;
+    let (a, b) = (new_stream(ctx), new_stream(ctx));
     const N: usize = 1024;
     let tensor = Tensor::empty(ctx, &[N], DType::F32, a.id()).unwrap();
     assert_eq!(tensor.nbytes(), N * 4);
@@ -467,12 +462,12 @@ fn tensor_read_on_another_stream_sees_the_write() {
     assert_eq!(logged(&seen), expected);
     tensor.wait_idle().unwrap();
 }
+test_device!(tensor_read_on_another_stream_sees_the_write);
 
-#[test]
-fn tensor_write_waits_for_reads_and_writes_on_other_streams() {
+fn tensor_write_waits_for_reads_and_writes_on_other_streams(ctx: &'static Arc<DeviceContext>) {
     let _serial = serial();
-    let ctx = ctx();
-    let (a, b, c) = (new_stream(), new_stream(), new_stream());
+    let ctx = ctx;
+    let (a, b, c) = (new_stream(ctx), new_stream(ctx), new_stream(ctx));
     let tensor = Tensor::empty(ctx, &[16], DType::I32, a.id()).unwrap();
     let log = new_log();
 
@@ -513,12 +508,12 @@ fn tensor_write_waits_for_reads_and_writes_on_other_streams() {
     b.synchronize().unwrap();
     assert_eq!(logged(&log).last(), Some(&"read on c"));
 }
+test_device!(tensor_write_waits_for_reads_and_writes_on_other_streams);
 
-#[test]
-fn tensor_wait_ready_and_wait_idle_block_the_host() {
+fn tensor_wait_ready_and_wait_idle_block_the_host(ctx: &'static Arc<DeviceContext>) {
     let _serial = serial();
-    let ctx = ctx();
-    let stream = new_stream();
+    let ctx = ctx;
+    let stream = new_stream(ctx);
     let tensor = Tensor::empty(ctx, &[4, 4], DType::F64, stream.id()).unwrap();
     assert!(tensor.is_contiguous());
     let log = new_log();
@@ -537,7 +532,7 @@ fn tensor_wait_ready_and_wait_idle_block_the_host() {
     tensor.wait_ready().unwrap();
     assert_eq!(logged(&log), ["written"], "wait_ready returns after the write");
 
-    let reader = new_stream();
+    let reader = new_stream(ctx);
     let read_log = Arc::clone(&log);
     Tensor::launch(
         &reader,
@@ -553,12 +548,12 @@ fn tensor_wait_ready_and_wait_idle_block_the_host() {
     tensor.wait_idle().unwrap();
     assert_eq!(logged(&log), ["written", "read"], "wait_idle returns after the read");
 }
+test_device!(tensor_wait_ready_and_wait_idle_block_the_host);
 
-#[test]
-fn tensor_launch_makes_the_pool_wait_for_other_streams() {
+fn tensor_launch_makes_the_pool_wait_for_other_streams(ctx: &'static Arc<DeviceContext>) {
     let _serial = serial();
-    let ctx = ctx();
-    let (a, b) = (new_stream(), new_stream());
+    let ctx = ctx;
+    let (a, b) = (new_stream(ctx), new_stream(ctx));
     // Blocks of earlier tests may still wait for their streams: let them finish first.
     ctx.synchronize().unwrap();
     assert_eq!(ctx.pool().stats().pending_free_blocks, 0);
@@ -578,6 +573,7 @@ fn tensor_launch_makes_the_pool_wait_for_other_streams() {
     assert_eq!(again.data_ptr(), ptr, "reused once B is done");
     drop(other);
 }
+test_device!(tensor_launch_makes_the_pool_wait_for_other_streams);
 
 /// The chunk kernel of an f32 elementwise add.
 fn add_f32(inputs: &[DevicePtr], out: DevicePtr, n: usize) -> HostFn {
@@ -610,17 +606,21 @@ fn from_bytes(bytes: &[u8]) -> Vec<f32> {
 }
 
 /// Runs the staged add of `a` and `b` in chunks of `chunk` elements.
-fn staged_add(a: &[f32], b: &[f32], chunk: usize) -> (opbridge_runtime::Result<PipelineReport>, Vec<f32>) {
+fn staged_add(
+    ctx: &DeviceContext,
+    a: &[f32],
+    b: &[f32],
+    chunk: usize,
+) -> (opbridge_runtime::Result<PipelineReport>, Vec<f32>) {
     let (a_bytes, b_bytes) = (to_bytes(a), to_bytes(b));
     let mut out = vec![0u8; a.len() * 4];
-    let report = staged_map(ctx(), &[&a_bytes, &b_bytes], &[4, 4], &mut out, 4, a.len(), chunk, &add_f32);
+    let report = staged_map(ctx, &[&a_bytes, &b_bytes], &[4, 4], &mut out, 4, a.len(), chunk, &add_f32);
     (report, from_bytes(&out))
 }
 
-#[test]
-fn staged_map_adds_two_f32_arrays() {
+fn staged_map_adds_two_f32_arrays(ctx: &'static Arc<DeviceContext>) {
     let _serial = serial();
-    let ctx = ctx();
+    let ctx = ctx;
     ctx.synchronize().unwrap();
     let (device, pinned) = (ctx.pool().stats(), ctx.pinned_pool().stats());
 
@@ -628,7 +628,7 @@ fn staged_map_adds_two_f32_arrays() {
     let a: Vec<f32> = (0..N).map(|i| i as f32).collect();
     let b: Vec<f32> = (0..N).map(|i| 0.25 * (i % 1000) as f32 - 7.0).collect();
     let expected: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
-    let (report, sum) = staged_add(&a, &b, 4096);
+    let (report, sum) = staged_add(ctx, &a, &b, 4096);
     let report = report.unwrap();
     assert_eq!(sum, expected);
     assert_eq!(report, PipelineReport { chunks: N.div_ceil(4096), bytes_in: 2 * N * 4, bytes_out: N * 4 });
@@ -644,7 +644,7 @@ fn staged_map_adds_two_f32_arrays() {
     assert_eq!(pinned_after.pending_free_blocks, 0);
 
     // A second run is served from the cache.
-    let (report, sum) = staged_add(&b, &a, 4096);
+    let (report, sum) = staged_add(ctx, &b, &a, 4096);
     assert_eq!(report.unwrap().chunks, 25);
     assert_eq!(sum, expected);
     ctx.synchronize().unwrap();
@@ -654,30 +654,30 @@ fn staged_map_adds_two_f32_arrays() {
     assert_eq!(device_again.allocated_bytes_current, device.allocated_bytes_current);
     assert_eq!(ctx.pinned_pool().stats().allocated_bytes_current, pinned.allocated_bytes_current);
 }
+test_device!(staged_map_adds_two_f32_arrays);
 
-#[test]
-fn staged_map_handles_short_and_empty_inputs() {
+fn staged_map_handles_short_and_empty_inputs(ctx: &'static Arc<DeviceContext>) {
     let _serial = serial();
     let a = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0];
     let b = [0.5f32; 10];
-    let (report, sum) = staged_add(&a, &b, 3);
+    let (report, sum) = staged_add(ctx, &a, &b, 3);
     assert_eq!(report.unwrap(), PipelineReport { chunks: 4, bytes_in: 80, bytes_out: 40 });
     assert_eq!(sum, a.iter().map(|x| x + 0.5).collect::<Vec<_>>());
 
-    let (report, sum) = staged_add(&a, &b, 1 << 20);
+    let (report, sum) = staged_add(ctx, &a, &b, 1 << 20);
     assert_eq!(report.unwrap().chunks, 1, "one chunk when it is larger than the input");
     assert_eq!(sum[9], 10.5);
 
-    let (report, sum) = staged_add(&[], &[], 4096);
+    let (report, sum) = staged_add(ctx, &[], &[], 4096);
     assert_eq!(report.unwrap(), PipelineReport::default());
     assert!(sum.is_empty());
-    ctx().synchronize().unwrap();
+    ctx.synchronize().unwrap();
 }
+test_device!(staged_map_handles_short_and_empty_inputs);
 
-#[test]
-fn staged_map_reports_a_failing_kernel() {
+fn staged_map_reports_a_failing_kernel(ctx: &'static Arc<DeviceContext>) {
     let _serial = serial();
-    let ctx = ctx();
+    let ctx = ctx;
     let input = to_bytes(&[1.0; 100]);
     let mut out = vec![0u8; 400];
     let failing = |_: &[DevicePtr], _: DevicePtr, _: usize| -> HostFn {
@@ -689,8 +689,9 @@ fn staged_map_reports_a_failing_kernel() {
     }
     ctx.synchronize().unwrap();
     // The pipeline streams keep working.
-    let (report, sum) = staged_add(&[1.0, 2.0], &[3.0, 4.0], 1);
+    let (report, sum) = staged_add(ctx, &[1.0, 2.0], &[3.0, 4.0], 1);
     assert_eq!(report.unwrap().chunks, 2);
     assert_eq!(sum, [4.0, 6.0]);
     ctx.synchronize().unwrap();
 }
+test_device!(staged_map_reports_a_failing_kernel);
