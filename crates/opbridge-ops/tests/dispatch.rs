@@ -154,12 +154,25 @@ fn launch_writes_new_outputs_and_given_ones(ctx: &'static Arc<DeviceContext>) {
     assert_eq!(read::<f32>(&results[0]).unwrap(), vec![11.0, 22.0, 33.0, 44.0]);
     // Into a given output, and in place (an exact alias of an input).
     let out = Arc::new(Tensor::empty(ctx, &[4], DType::F32, stream.id()).unwrap());
-    let given =
-        dispatch::launch(&add, &attrs, &[Some(a.clone()), Some(b.clone())], Some(&[out.clone()]), &stream, ctx.pool())
-            .unwrap();
+    let given = dispatch::launch(
+        &add,
+        &attrs,
+        &[Some(a.clone()), Some(b.clone())],
+        Some(std::slice::from_ref(&out)),
+        &stream,
+        ctx.pool(),
+    )
+    .unwrap();
     assert!(Arc::ptr_eq(&given[0], &out));
-    dispatch::launch(&add, &attrs, &[Some(a.clone()), Some(b.clone())], Some(&[a.clone()]), &stream, ctx.pool())
-        .unwrap();
+    dispatch::launch(
+        &add,
+        &attrs,
+        &[Some(a.clone()), Some(b.clone())],
+        Some(std::slice::from_ref(&a)),
+        &stream,
+        ctx.pool(),
+    )
+    .unwrap();
     assert_eq!(read::<f32>(&out).unwrap(), vec![11.0, 22.0, 33.0, 44.0]);
     assert_eq!(read::<f32>(&a).unwrap(), vec![11.0, 22.0, 33.0, 44.0]);
     stream.synchronize().unwrap();

@@ -114,7 +114,6 @@ test_device!(streams_are_distinct_and_comparable);
 
 fn each_thread_has_its_own_current_stream(ctx: &'static Arc<DeviceContext>) {
     let _serial = serial();
-    let ctx = ctx;
     let here = ctx.current_stream().unwrap();
     assert_eq!(current_stream(ctx).unwrap(), here, "same thread, same stream");
     assert_eq!(ctx.current_stream().unwrap(), here);
@@ -137,7 +136,6 @@ test_device!(each_thread_has_its_own_current_stream);
 
 fn set_current_stream_returns_the_previous_one(ctx: &'static Arc<DeviceContext>) {
     let _serial = serial();
-    let ctx = ctx;
     // A fresh thread has no current stream until it asks for one or sets one.
     thread::scope(|s| {
         s.spawn(|| {
@@ -401,7 +399,6 @@ unsafe fn read_f32s(ptr: DevicePtr, n: usize) -> Vec<f32> {
 
 fn tensor_read_on_another_stream_sees_the_write(ctx: &'static Arc<DeviceContext>) {
     let _serial = serial();
-    let ctx = ctx;
     let (a, b) = (new_stream(ctx), new_stream(ctx));
     const N: usize = 1024;
     let tensor = Tensor::empty(ctx, &[N], DType::F32, a.id()).unwrap();
@@ -466,7 +463,6 @@ test_device!(tensor_read_on_another_stream_sees_the_write);
 
 fn tensor_write_waits_for_reads_and_writes_on_other_streams(ctx: &'static Arc<DeviceContext>) {
     let _serial = serial();
-    let ctx = ctx;
     let (a, b, c) = (new_stream(ctx), new_stream(ctx), new_stream(ctx));
     let tensor = Tensor::empty(ctx, &[16], DType::I32, a.id()).unwrap();
     let log = new_log();
@@ -512,7 +508,6 @@ test_device!(tensor_write_waits_for_reads_and_writes_on_other_streams);
 
 fn tensor_wait_ready_and_wait_idle_block_the_host(ctx: &'static Arc<DeviceContext>) {
     let _serial = serial();
-    let ctx = ctx;
     let stream = new_stream(ctx);
     let tensor = Tensor::empty(ctx, &[4, 4], DType::F64, stream.id()).unwrap();
     assert!(tensor.is_contiguous());
@@ -552,7 +547,6 @@ test_device!(tensor_wait_ready_and_wait_idle_block_the_host);
 
 fn tensor_launch_makes_the_pool_wait_for_other_streams(ctx: &'static Arc<DeviceContext>) {
     let _serial = serial();
-    let ctx = ctx;
     let (a, b) = (new_stream(ctx), new_stream(ctx));
     // Blocks of earlier tests may still wait for their streams: let them finish first.
     ctx.synchronize().unwrap();
@@ -620,7 +614,6 @@ fn staged_add(
 
 fn staged_map_adds_two_f32_arrays(ctx: &'static Arc<DeviceContext>) {
     let _serial = serial();
-    let ctx = ctx;
     ctx.synchronize().unwrap();
     let (device, pinned) = (ctx.pool().stats(), ctx.pinned_pool().stats());
 
@@ -677,7 +670,6 @@ test_device!(staged_map_handles_short_and_empty_inputs);
 
 fn staged_map_reports_a_failing_kernel(ctx: &'static Arc<DeviceContext>) {
     let _serial = serial();
-    let ctx = ctx;
     let input = to_bytes(&[1.0; 100]);
     let mut out = vec![0u8; 400];
     let failing = |_: &[DevicePtr], _: DevicePtr, _: usize| -> HostFn {
