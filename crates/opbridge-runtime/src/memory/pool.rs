@@ -608,3 +608,69 @@ impl ChildPool {
         *self.quota.used.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::cpu::CpuDevice;
+    use crate::device::{EventBackend, StreamBackend};
+    use crate::ids::DeviceId;
+
+    /// The CPU device, except that returning memory reports a vendor error (the memory is
+    /// still freed, so the test leaks nothing): what a failing `aclrtFree` looks like.
+    #[derive(Debug, Default)]
+    struct FailingFree {
+        frees: AtomicUsize,
+    }
+
+    impl Device for FailingFree {
+        fn id(&self) -> DeviceId {
+            DeviceId::CPU
+        }
+        fn host_accessible(&self) -> bool {
+            true
+        }
+        fn allocate_raw(&self, bytes: usize) -> Result<DevicePtr> {
+            CpuDevice.allocate_raw(bytes)
+        }
+        fn free_raw(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
+            CpuDevice.free_raw(ptr, bytes)?;
+            self.frees.fetch_add(1, Ordering::SeqCst);
+            Err(Error::Driver { device: DeviceId::CPU, api: "test_free", code: 507_899, message: "device lost".into() })
+        }
+        fn allocate_pinned(&self, bytes: usize) -> Result<DevicePtr> {
+            CpuDevice.allocate_pinned(bytes)
+        }
+        fn free_pinned(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
+            CpuDevice.free_pinned(ptr, bytes)
+        }
+        fn create_stream(&self) -> Result<Arc<dyn StreamBackend>> {
+            CpuDevice.create_stream()
+        }
+        fn create_event(&self) -> Result<Arc<dyn EventBackend>> {
+            CpuDevice.create_event()
+        }
+    }
+
+    #[test]
+    fn a_failed_device_free_is_recorded_and_surfaced_by_the_next_allocation() {
+        let device = Arc::new(FailingFree::default());
+        let pool = Arc::new(MemoryPool::new(device.clone(), Source::Device, Arc::new(StreamRegistry::default())));
+        drop(pool.allocate(1 << 20, StreamId::HOST).unwrap()); // cached, not yet returned
+        pool.empty_cache().unwrap(); // returns the segment: the free fails (nowhere to report)
+        assert_eq!(device.frees.load(Ordering::SeqCst), 1);
+        match pool.allocate(64, StreamId::HOST) {
+            Err(Error::Driver { api, code, .. }) => assert_eq!((api, code), ("test_free", 507_899)),
+            other => panic!("the failed free was lost: {other:?}"),
+        }
+        assert_eq!(
+            Error::Driver { device: DeviceId::CPU, api: "x", code: 1, message: String::new() }.kind(),
+            crate::ErrorKind::Device
+        );
+        // Reported once; the pool keeps working.
+        let again = pool.allocate(64, StreamId::HOST).expect("the error is reported once");
+        assert_eq!(again.len(), 64);
+    }
+}
