@@ -240,6 +240,19 @@ pub fn launch(
     }
     let out_views: Vec<TensorView> = targets.iter().map(|t| TensorView::of_tensor(t)).collect();
     check_outputs_disjoint(entry, &out_views)?;
+    // Scratch memory comes from the call's allocator too (a session's quota covers it), for
+    // the call's stream: stream order makes it free for reuse once the kernel has run.
+    let workspace = match entry.op.needs_workspace() {
+        false => None,
+        true => {
+            let metas: Vec<Option<Meta>> =
+                converted.iter().map(|t| t.as_ref().map(|t| Meta::new(t.dtype(), t.shape()))).collect();
+            match entry.op.workspace_size(&metas, attrs)? {
+                0 => None,
+                bytes => Some((alloc.allocate(bytes, stream.id())?, bytes)),
+            }
+        }
+    };
     let call = entry.enter();
     let attrs = attrs.clone();
     let reads: Vec<&Tensor> = converted.iter().flatten().map(|t| t.as_ref()).collect();
@@ -249,8 +262,20 @@ pub fn launch(
         &reads,
         &writes,
         Box::new(move || {
+            let scratch: &mut [u8] = match &workspace {
+                None => &mut [],
+                // SAFETY: a live block of at least `bytes` bytes of host-accessible memory (the
+                // CPU kernels' device), owned by this closure and used by nothing else; zeroed
+                // first, so the kernel's `&mut [u8]` covers initialized bytes.
+                Some((block, bytes)) => unsafe {
+                    std::ptr::write_bytes(block.ptr().0 as *mut u8, 0, *bytes);
+                    std::slice::from_raw_parts_mut(block.ptr().0 as *mut u8, *bytes)
+                },
+            };
             // The call guard lives until the kernel has run: an unload waits for it.
-            call.entry().op.run_cpu(&views, &out_views, &attrs).map_err(OpError::into_async)
+            let ran = call.entry().op.run_cpu_in(&views, &out_views, &attrs, scratch).map_err(OpError::into_async);
+            drop(workspace);
+            ran
         }),
     )?;
     for (result, target) in results.iter().zip(&targets) {

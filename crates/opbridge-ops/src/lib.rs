@@ -14,6 +14,7 @@ pub mod registry;
 pub mod schema;
 pub mod tuning;
 pub mod view;
+mod workspace;
 
 pub use builtins::{global, register_builtins};
 pub use cpu::thresholds::ELEMENTWISE_PARALLEL_MIN_ELEMS as PARALLEL_MIN_ELEMS;

@@ -23,7 +23,6 @@ use smallvec::SmallVec;
 use crate::error::{ErrorKind, OpError, Result};
 use crate::memo::Memo;
 use crate::plugin::result::{self, OpSpec};
-use crate::plugin::Workspace;
 use crate::registry::{Entry, Lane, Operator, Registry, Source};
 use crate::schema::{AttrValue, Attrs, Meta, Schema};
 use crate::view::TensorView;
@@ -128,7 +127,24 @@ impl<O: sdk::Op> Operator for Native<O> {
         })
     }
 
-    fn run_cpu(&self, inputs: &[Option<TensorView>], outputs: &[TensorView], attrs: &Attrs) -> Result<()> {
+    fn needs_workspace(&self) -> bool {
+        O::WORKSPACE.is_some()
+    }
+
+    fn workspace_size(&self, inputs: &[Option<Meta>], attrs: &Attrs) -> Result<usize> {
+        let Some(size) = O::WORKSPACE else { return Ok(0) };
+        let metas = sdk_metas(inputs);
+        let attrs = sdk::Attrs::from_host(attrs);
+        guarded(O::NAME, || Ok(size(&sdk::Inputs::new(&metas), &attrs)))
+    }
+
+    fn run_cpu_in(
+        &self,
+        inputs: &[Option<TensorView>],
+        outputs: &[TensorView],
+        attrs: &Attrs,
+        workspace: &mut [u8],
+    ) -> Result<()> {
         let bad = |e: sdk::Error| host_error(O::NAME, e);
         let ins: SmallVec<[Option<sdk::Tensor<'_>>; 4]> = inputs
             .iter()
@@ -154,17 +170,7 @@ impl<O: sdk::Op> Operator for Native<O> {
             .map_err(bad)?;
         let inputs = sdk::Inputs::new(&ins);
         let attrs = sdk::Attrs::from_host(attrs);
-        let mut workspace = Workspace::none();
-        if let Some(size) = O::WORKSPACE {
-            let metas: SmallVec<[Option<sdk::Meta>; 4]> =
-                ins.iter().map(|t| t.as_ref().map(|t| sdk::Meta::new(t.dtype(), t.shape()))).collect();
-            let bytes = guarded(O::NAME, || Ok(size(&sdk::Inputs::new(&metas), &attrs)))?;
-            workspace = Workspace::new(bytes).ok_or_else(|| OpError::Kernel {
-                op: O::NAME.into(),
-                message: format!("cannot allocate a workspace of {bytes} bytes"),
-            })?;
-        }
-        guarded(O::NAME, || O::run(&inputs, &mut outs, &attrs, workspace.bytes()).map_err(bad))
+        guarded(O::NAME, || O::run(&inputs, &mut outs, &attrs, workspace).map_err(bad))
     }
 
     fn in_place_ok(&self) -> bool {

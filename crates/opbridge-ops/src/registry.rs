@@ -37,10 +37,45 @@ pub trait Operator: Send + Sync {
         vec![DeviceKind::Cpu]
     }
 
+    /// Whether calls take scratch memory ([`Operator::workspace_size`]): checked first, so
+    /// operators without one pay nothing for describing their inputs.
+    fn needs_workspace(&self) -> bool {
+        false
+    }
+
+    /// Bytes of scratch memory a call needs, from the inputs as the kernel receives them (after
+    /// `input_dtypes`). Pure.
+    fn workspace_size(&self, _inputs: &[Option<Meta>], _attrs: &Attrs) -> Result<usize> {
+        Ok(0)
+    }
+
     /// The CPU kernel: `inputs` already have the dtypes of `input_dtypes` (any strides),
     /// `outputs` are contiguous, of the inferred metas, and do not overlap the inputs unless
-    /// [`Operator::in_place_ok`] says so.
-    fn run_cpu(&self, inputs: &[Option<TensorView>], outputs: &[TensorView], attrs: &Attrs) -> Result<()>;
+    /// [`Operator::in_place_ok`] says so. `workspace` is zeroed and exactly
+    /// [`Operator::workspace_size`] bytes (empty without one); whoever calls brings it, so it
+    /// can come from the call's allocator (a session's quota covers it).
+    fn run_cpu_in(
+        &self,
+        inputs: &[Option<TensorView>],
+        outputs: &[TensorView],
+        attrs: &Attrs,
+        workspace: &mut [u8],
+    ) -> Result<()>;
+
+    /// [`Operator::run_cpu_in`] with a workspace allocated on the host for the call.
+    fn run_cpu(&self, inputs: &[Option<TensorView>], outputs: &[TensorView], attrs: &Attrs) -> Result<()> {
+        if !self.needs_workspace() {
+            return self.run_cpu_in(inputs, outputs, attrs, &mut []);
+        }
+        let metas: smallvec::SmallVec<[Option<Meta>; 4]> =
+            inputs.iter().map(|v| v.as_ref().map(|v| Meta::new(v.dtype, &v.shape))).collect();
+        let bytes = self.workspace_size(&metas, attrs)?;
+        let mut workspace = crate::workspace::Workspace::new(bytes).ok_or_else(|| OpError::Kernel {
+            op: self.schema().name.as_str().into(),
+            message: format!("cannot allocate a workspace of {bytes} bytes"),
+        })?;
+        self.run_cpu_in(inputs, outputs, attrs, workspace.bytes())
+    }
 
     /// Elementwise operators may write an output over an input of the same layout.
     fn in_place_ok(&self) -> bool {

@@ -341,3 +341,69 @@ fn external_storage_tensors_dispatch_like_pool_ones() {
     assert_eq!(read::<f32>(&r[0]).unwrap(), vec![1.0, 2.0, 3.0]);
     stream.synchronize().unwrap();
 }
+
+/// A scratch-hungry operator: 1 KiB of workspace per input element, which its kernel checks
+/// (size, alignment, zeroed) and dirties.
+struct Scratchy;
+
+impl opbridge_plugin_sdk::Op for Scratchy {
+    const NAME: &'static str = "scratchy";
+    const VERSION: u32 = 1;
+    const INPUTS: &'static [&'static str] = &["x"];
+    const DTYPES: &'static [DType] = &[DType::F32];
+    const WORKSPACE: Option<opbridge_plugin_sdk::WorkspaceFn> = Some(|inputs, _| inputs[0].shape[0] * 1024);
+
+    fn infer(
+        inputs: &opbridge_plugin_sdk::Inputs<'_, opbridge_plugin_sdk::Meta>,
+        _: &opbridge_plugin_sdk::Attrs<'_>,
+    ) -> opbridge_plugin_sdk::Result<Vec<opbridge_plugin_sdk::Meta>> {
+        Ok(vec![inputs[0].clone()])
+    }
+
+    fn run(
+        inputs: &opbridge_plugin_sdk::Inputs<'_, opbridge_plugin_sdk::Tensor<'_>>,
+        outputs: &mut [opbridge_plugin_sdk::TensorMut<'_>],
+        _: &opbridge_plugin_sdk::Attrs<'_>,
+        ws: &mut [u8],
+    ) -> opbridge_plugin_sdk::Result<()> {
+        let n = inputs[0].len();
+        if ws.len() != n * 1024 || ws.as_ptr() as usize % 64 != 0 || ws.iter().any(|&b| b != 0) {
+            return Err(opbridge_plugin_sdk::Error::new(
+                opbridge_plugin_sdk::Status::Failed,
+                format!("bad workspace: {} bytes, zeroed {}", ws.len(), ws.iter().all(|&b| b == 0)),
+            ));
+        }
+        ws.fill(0xAB); // the next call must get it zeroed again
+        let x: Vec<f32> = inputs[0].values::<f32>()?.collect();
+        outputs[0].as_mut_slice::<f32>()?.copy_from_slice(&x);
+        Ok(())
+    }
+}
+
+fn a_child_pool_quota_covers_the_kernel_workspace(ctx: &'static Arc<DeviceContext>) {
+    let _serial = serial();
+    let own = Registry::new();
+    let op = opbridge_ops::native::register::<Scratchy>(&own, opbridge_ops::Source::Builtin).unwrap();
+    let stream = Stream::new(ctx).unwrap();
+    let n = 256; // 1 KiB output, 256 KiB of workspace
+    let x = tensor_f32(ctx, &stream, &[n], &vec![7.0; n]);
+    // The output fits this quota, the workspace beside it does not.
+    let tight = ctx.pool().child(64 * 1024);
+    let err = dispatch::launch(&op, &no_attrs(&op), &[Some(x.clone())], None, &stream, &tight).unwrap_err();
+    assert!(
+        matches!(err, OpError::Runtime(Error::OutOfMemory { quota: true, requested, .. }) if requested == n * 1024),
+        "{err:?}"
+    );
+    stream.synchronize().unwrap();
+    assert_eq!(tight.usage().0, 0, "the failed call gave its output back");
+    let roomy = ctx.pool().child(1 << 20);
+    for _ in 0..2 {
+        let r = dispatch::launch(&op, &no_attrs(&op), &[Some(x.clone())], None, &stream, &roomy).unwrap();
+        assert_eq!(read::<f32>(&r[0]).unwrap(), vec![7.0; n], "the kernel accepted its workspace");
+    }
+    stream.synchronize().unwrap();
+    let (used, peak) = roomy.usage();
+    assert_eq!(used, 0, "output and workspace went back");
+    assert!(peak >= n * 1024 + roomy.parent().block_size(n * 4), "the workspace counted: peak {peak}");
+}
+test_device!(a_child_pool_quota_covers_the_kernel_workspace);

@@ -427,8 +427,36 @@ impl Operator for PluginOp {
         Memo::through(&self.memo, inputs, attrs, || self.call_infer(inputs, attrs))
     }
 
-    fn run_cpu(&self, inputs: &[Option<TensorView>], outputs: &[TensorView], attrs: &Attrs) -> Result<()> {
-        self.call_kernel(inputs, outputs, attrs)
+    fn needs_workspace(&self) -> bool {
+        self.spec.workspace.is_some()
+    }
+
+    fn workspace_size(&self, inputs: &[Option<Meta>], attrs: &Attrs) -> Result<usize> {
+        let Some(size_fn) = self.spec.workspace else { return Ok(0) };
+        let schema = &self.spec.schema;
+        let metas: Inline<sys::OpbMeta, 4> = inputs
+            .iter()
+            .zip(&schema.inputs)
+            .map(|(m, spec)| match m {
+                Some(m) => meta_to_c(self.name(), &spec.name, m.dtype, &m.shape),
+                None => Ok(absent_meta()),
+            })
+            .collect::<Result<_>>()?;
+        let values = self.c_attrs(attrs)?;
+        let c_attrs = self.attrs_struct(&values);
+        let _open = self.handle.live(schema)?;
+        // SAFETY: the library is open while `_open` lives; pointers valid for the call.
+        Ok(unsafe { size_fn(metas.as_ptr(), metas.len() as c_int, &c_attrs) })
+    }
+
+    fn run_cpu_in(
+        &self,
+        inputs: &[Option<TensorView>],
+        outputs: &[TensorView],
+        attrs: &Attrs,
+        workspace: &mut [u8],
+    ) -> Result<()> {
+        self.call_kernel(inputs, outputs, attrs, workspace)
     }
 
     fn in_place_ok(&self) -> bool {
@@ -541,7 +569,13 @@ impl PluginOp {
 
     /// The library's CPU kernel over DLTensors describing the views. An optional input left
     /// out is a DLTensor with `ndim == OPB_ABSENT` and null data, shape and strides.
-    fn call_kernel(&self, inputs: &[Option<TensorView>], outputs: &[TensorView], attrs: &Attrs) -> Result<()> {
+    fn call_kernel(
+        &self,
+        inputs: &[Option<TensorView>],
+        outputs: &[TensorView],
+        attrs: &Attrs,
+        workspace: &mut [u8],
+    ) -> Result<()> {
         let values = self.c_attrs(attrs)?;
         let c_attrs = self.attrs_struct(&values);
         let schema = &self.spec.schema;
@@ -596,30 +630,11 @@ impl PluginOp {
         let mut err = [0u8; result::ERR_LEN];
 
         let _open = self.handle.live(&self.spec.schema)?;
-        let workspace = match self.spec.workspace {
-            None => Workspace::none(),
-            Some(size_fn) => {
-                let metas: Inline<sys::OpbMeta, 4> = inputs
-                    .iter()
-                    .zip(&schema.inputs)
-                    .map(|(v, spec)| match v {
-                        Some(v) => meta_to_c(self.name(), &spec.name, v.dtype, &v.shape),
-                        None => Ok(absent_meta()),
-                    })
-                    .collect::<Result<_>>()?;
-                // SAFETY: the library is open while `_open` lives; pointers valid for the call.
-                let bytes = unsafe { size_fn(metas.as_ptr(), metas.len() as c_int, &c_attrs) };
-                Workspace::new(bytes).ok_or_else(|| OpError::Kernel {
-                    op: self.name().into(),
-                    message: format!("cannot allocate a workspace of {bytes} bytes"),
-                })?
-            }
-        };
         // SAFETY: the library is open while `_open` lives. The views describe memory valid for
         // the kernel (the registry's contract), the DLTensors' shape/stride pointers point into
         // `extents` (absent inputs' are null), alive until the call returns; the attribute struct
-        // points into `values`, alive too; the workspace is null with size 0 or an allocation of
-        // exactly `workspace.len()` bytes, alive until the call returns.
+        // points into `values`, alive too; the workspace is the caller's `workspace.len()` bytes
+        // (null when empty), alive until the call returns.
         let status = unsafe {
             (self.spec.kernel)(
                 c_inputs.as_ptr(),
@@ -628,7 +643,7 @@ impl PluginOp {
                 c_outputs.len() as c_int,
                 &c_attrs,
                 std::ptr::null_mut(),
-                workspace.ptr,
+                if workspace.is_empty() { std::ptr::null_mut() } else { workspace.as_mut_ptr().cast() },
                 workspace.len(),
                 err.as_mut_ptr().cast(),
                 err.len(),
@@ -637,52 +652,5 @@ impl PluginOp {
         drop(extents);
         err[result::ERR_LEN - 1] = 0;
         result::check(self.name(), status, &err)
-    }
-}
-
-/// Scratch memory for one kernel call, 64-byte aligned (plugins' and in-process operators').
-pub(crate) struct Workspace {
-    ptr: *mut c_void,
-    layout: Option<std::alloc::Layout>,
-}
-
-impl Workspace {
-    pub(crate) fn none() -> Workspace {
-        Workspace { ptr: std::ptr::null_mut(), layout: None }
-    }
-
-    pub(crate) fn new(bytes: usize) -> Option<Workspace> {
-        if bytes == 0 {
-            return Some(Workspace::none());
-        }
-        let layout = std::alloc::Layout::from_size_align(bytes, 64).ok()?;
-        // Zeroed: Rust kernels (the SDK's, in-process operators) see it as a `&mut [u8]`, which
-        // must not cover uninitialized bytes.
-        // SAFETY: `layout` has a non-zero size.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        (!ptr.is_null()).then_some(Workspace { ptr: ptr.cast(), layout: Some(layout) })
-    }
-
-    /// Its size in bytes (0 without a workspace, whose pointer is null).
-    pub(crate) fn len(&self) -> usize {
-        self.layout.map_or(0, |layout| layout.size())
-    }
-
-    /// The scratch bytes (empty without a workspace).
-    pub(crate) fn bytes(&mut self) -> &mut [u8] {
-        match self.layout {
-            // SAFETY: `ptr` is an allocation of `layout.size()` zeroed bytes owned by `self`.
-            Some(layout) => unsafe { std::slice::from_raw_parts_mut(self.ptr.cast::<u8>(), layout.size()) },
-            None => &mut [],
-        }
-    }
-}
-
-impl Drop for Workspace {
-    fn drop(&mut self) {
-        if let Some(layout) = self.layout {
-            // SAFETY: allocated in `new` with this layout.
-            unsafe { std::alloc::dealloc(self.ptr.cast(), layout) };
-        }
     }
 }
