@@ -367,7 +367,7 @@ impl opbridge_plugin_sdk::Op for Scratchy {
         ws: &mut [u8],
     ) -> opbridge_plugin_sdk::Result<()> {
         let n = inputs[0].len();
-        if ws.len() != n * 1024 || ws.as_ptr() as usize % 64 != 0 || ws.iter().any(|&b| b != 0) {
+        if ws.len() != n * 1024 || !(ws.as_ptr() as usize).is_multiple_of(64) || ws.iter().any(|&b| b != 0) {
             return Err(opbridge_plugin_sdk::Error::new(
                 opbridge_plugin_sdk::Status::Failed,
                 format!("bad workspace: {} bytes, zeroed {}", ws.len(), ws.iter().all(|&b| b == 0)),
