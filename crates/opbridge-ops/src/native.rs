@@ -23,7 +23,7 @@ use smallvec::SmallVec;
 use crate::error::{ErrorKind, OpError, Result};
 use crate::memo::Memo;
 use crate::plugin::result::{self, OpSpec};
-use crate::registry::{Entry, Lane, Operator, Registry, Source};
+use crate::registry::{Entry, Lane, Operator, Registry, Source, ViewLane};
 use crate::schema::{AttrValue, Attrs, Meta, Schema};
 use crate::view::TensorView;
 
@@ -31,6 +31,7 @@ use crate::view::TensorView;
 pub struct Native<O: sdk::Op> {
     spec: OpSpec,
     lane: Option<Lane>,
+    view_lane: Option<ViewLane>,
     /// The last shape-function and input-dtype calls (the SDK requires both to be pure): a
     /// loop calls an operator with one signature over and over, and a repeat then skips the
     /// conversions to SDK metas (which allocate) and the call.
@@ -52,7 +53,14 @@ pub fn op<O: sdk::Op>() -> Result<Native<O>> {
     // SAFETY: every pointer of the descriptor points into `described` (or statics), alive and
     // unchanged for the call; `validate` copies what it keeps.
     let spec = unsafe { result::validate(described.desc()) }.map_err(invalid)?;
-    Ok(Native { spec, lane: None, infer_memo: Mutex::new(None), dtypes_memo: Mutex::new(None), _op: PhantomData })
+    Ok(Native {
+        spec,
+        lane: None,
+        view_lane: None,
+        infer_memo: Mutex::new(None),
+        dtypes_memo: Mutex::new(None),
+        _op: PhantomData,
+    })
 }
 
 /// Registers `O` in `registry` (see [`op`]).
@@ -67,7 +75,22 @@ impl<O: sdk::Op> Native<O> {
         accepts: impl Fn(DType) -> bool + Send + Sync + 'static,
         run: impl Fn(DType, &[usize], usize, usize) -> Result<()> + Send + Sync + 'static,
     ) -> Self {
-        self.lane = Some(Lane { accepts: Box::new(accepts), run: Box::new(run) });
+        self.lane = Some(Lane { accepts: Box::new(accepts), promote: None, run: Box::new(run) });
+        self
+    }
+
+    /// Lets the elementwise lane take two inputs of different dtypes, converted first to
+    /// `promote(a, b)`: only for operators whose input-dtype rule is exactly that.
+    pub fn with_lane_promotion(mut self, promote: fn(DType, DType) -> DType) -> Self {
+        if let Some(lane) = self.lane.as_mut() {
+            lane.promote = Some(promote);
+        }
+        self
+    }
+
+    /// Adds the strided-view fast lane (see [`ViewLane`]).
+    pub fn with_view_lane(mut self, lane: ViewLane) -> Self {
+        self.view_lane = Some(lane);
         self
     }
 
@@ -179,6 +202,10 @@ impl<O: sdk::Op> Operator for Native<O> {
 
     fn lane(&self) -> Option<&Lane> {
         self.lane.as_ref()
+    }
+
+    fn view_lane(&self) -> Option<&ViewLane> {
+        self.view_lane.as_ref()
     }
 }
 

@@ -12,7 +12,7 @@ use opbridge_runtime::{DType, DeviceKind};
 
 use crate::error::{OpError, Result};
 use crate::schema::{Attrs, Meta, Schema};
-use crate::view::TensorView;
+use crate::view::{Dims, TensorView};
 
 /// An operator: a schema, a shape/dtype function, and kernels per device.
 ///
@@ -86,6 +86,11 @@ pub trait Operator: Send + Sync {
     fn lane(&self) -> Option<&Lane> {
         None
     }
+
+    /// The fast lane of operators over strided views of one dtype (see [`ViewLane`]).
+    fn view_lane(&self) -> Option<&ViewLane> {
+        None
+    }
 }
 
 /// Whether an elementwise operator's lane takes inputs of a dtype (and gives that dtype back).
@@ -102,6 +107,10 @@ pub struct Lane {
     /// dtypes the lane serves: the result has the inputs' dtype and no input check is left
     /// (integer `div` or `pow`, for instance, stay on the generic path).
     pub accepts: Box<LaneAcceptsFn>,
+    /// For binary operators whose input-dtype rule is exactly numpy's promotion of the two
+    /// (`vector_add`): the dtype inputs of two different dtypes are converted to before the
+    /// lane runs. `None`: calls with mixed dtypes take the generic path.
+    pub promote: Option<fn(DType, DType) -> DType>,
     /// Runs over `len` elements. The caller guarantees what [`Operator::run_cpu`]'s callers
     /// guarantee for views: each address is aligned for the dtype and valid for `len` elements,
     /// and the output is disjoint from every input or exactly equal to one when the operator
@@ -112,6 +121,36 @@ pub struct Lane {
 impl fmt::Debug for Lane {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("Lane")
+    }
+}
+
+/// The output shape a [`ViewLane`] gives for its inputs' shapes, or `None` when it does not
+/// serve the call.
+pub type ViewLaneShapeFn = dyn Fn(&[&[usize]]) -> Option<Dims> + Send + Sync;
+/// A view-lane kernel: inputs of one dtype (any strides in whole elements), the output
+/// contiguous, of the lane's shape, disjoint from the inputs.
+pub type ViewLaneKernelFn = dyn Fn(&[TensorView], &TensorView) -> Result<()> + Send + Sync;
+
+/// The fast lane of an operator over strided views (`matmul`): every input of one dtype the lane
+/// accepts, any strides, no attributes, one output. As with [`Lane`], the caller that has
+/// checked those conditions skips the generic description of the call (input-dtype rule, shape
+/// function memo, output checks): the lane's own shape rule answers, or declines and the
+/// generic path takes the call (errors included). Results must equal the generic path's.
+pub struct ViewLane {
+    /// dtypes the lane serves (inputs and output of that one dtype).
+    pub accepts: fn(DType) -> bool,
+    /// The output's shape, or `None` to decline (shapes the generic path must reject or that
+    /// need more than the lane knows).
+    pub shape: Box<ViewLaneShapeFn>,
+    /// Bytes of memory traffic a call does, so the caller can release its interpreter lock for
+    /// long calls (`host` GIL threshold).
+    pub work_bytes: fn(&[&[usize]], DType) -> usize,
+    pub run: Box<ViewLaneKernelFn>,
+}
+
+impl fmt::Debug for ViewLane {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ViewLane")
     }
 }
 
@@ -136,7 +175,10 @@ pub struct Entry {
     pub op: Arc<dyn Operator>,
     pub source: Source,
     /// Calls in flight: an atomic, so a call costs no lock (the lock below is for unloads).
+    /// Counted only for operators whose code can go away (a library's): a built-in's code lives
+    /// as long as the process, so its calls skip the two sequentially consistent atomics.
     calls: AtomicUsize,
+    counted: bool,
     /// Unloads waiting for `calls` to reach zero (they sleep on `idle` under `wait`).
     waiters: AtomicUsize,
     wait: Mutex<()>,
@@ -153,6 +195,7 @@ impl Entry {
     fn new(op: Arc<dyn Operator>, source: Source) -> Entry {
         Entry {
             op,
+            counted: source != Source::Builtin,
             source,
             calls: AtomicUsize::new(0),
             waiters: AtomicUsize::new(0),
@@ -167,19 +210,26 @@ impl Entry {
 
     /// Marks a call in flight until the guard drops (async calls move it into the kernel).
     pub fn enter(self: &Arc<Self>) -> CallGuard {
-        self.calls.fetch_add(1, Ordering::SeqCst);
+        if self.counted {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+        }
         CallGuard(Arc::clone(self))
     }
 
     /// Like [`Entry::enter`] for a call that ends before the caller returns (no `Arc` to
     /// clone: the synchronous numpy path).
     pub fn enter_scoped(&self) -> ScopedCall<'_> {
-        self.calls.fetch_add(1, Ordering::SeqCst);
+        if self.counted {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+        }
         ScopedCall(self)
     }
 
     /// Ends a call: wakes an unload waiting for the last one.
     fn exit(&self) {
+        if !self.counted {
+            return;
+        }
         // Waking costs a lock and a system call: only when an unload is actually waiting.
         if self.calls.fetch_sub(1, Ordering::SeqCst) == 1 && self.waiters.load(Ordering::SeqCst) > 0 {
             // Taking the lock orders the wake after the waiter's check (it holds the lock from
@@ -189,8 +239,12 @@ impl Entry {
         }
     }
 
-    /// Blocks until no call of this operator is in flight.
+    /// Blocks until no call of this operator is in flight (built-ins, whose code cannot be
+    /// unloaded, are not counted: it returns at once).
     pub fn wait_idle(&self) {
+        if !self.counted {
+            return;
+        }
         let mut lock = self.wait.lock().unwrap_or_else(|p| p.into_inner());
         // SeqCst on both sides: either the last call sees this waiter and wakes it, or this
         // waiter sees the count at zero (store, then load, in each thread).

@@ -23,12 +23,12 @@ pub struct TensorView {
 impl TensorView {
     /// A C-contiguous view.
     pub fn contiguous(data: usize, dtype: DType, shape: &[usize]) -> TensorView {
-        TensorView {
-            data,
-            dtype,
-            shape: shape.into(),
-            strides: opbridge_runtime::tensor::contiguous_strides(shape).into(),
+        // Row-major strides built in place (no heap list on the small-call path).
+        let mut strides: Strides = smallvec::smallvec![1; shape.len()];
+        for i in (0..shape.len().saturating_sub(1)).rev() {
+            strides[i] = strides[i + 1] * shape[i + 1].max(1) as isize;
         }
+        TensorView { data, dtype, shape: shape.into(), strides }
     }
 
     /// The view of a tensor's memory (host-accessible devices only).

@@ -77,14 +77,7 @@ impl<'py> HostArray<'py> {
         if self.dtype == dtype && self.layout().is_c_contiguous() && self.layout().is_aligned() && self.is_native() {
             return Ok(self);
         }
-        let py = self.array.py();
-        let kwargs = PyDict::new(py);
-        kwargs.set_item("dtype", np_ffi::descr(py, dtype))?;
-        kwargs.set_item("order", "C")?;
-        // `numpy.array` always copies (`ascontiguousarray` would hand back an unaligned
-        // contiguous array as is).
-        let copy = numpy(py)?.call_method("array", (&self.array,), Some(&kwargs))?;
-        Ok(HostArray::from_array(copy.cast_into()?, dtype))
+        Ok(HostArray::from_array(converted(&self.array, dtype)?, dtype))
     }
 
     /// A private copy (an input snapshotted at the call).
@@ -92,6 +85,18 @@ impl<'py> HostArray<'py> {
         let copy = self.array.call_method0("copy")?;
         Ok(HostArray::from_array(copy.cast_into()?, self.dtype))
     }
+}
+
+/// A C-contiguous, aligned, native-byte-order copy of `array` converted to `dtype` (one copy,
+/// made by numpy).
+pub fn converted<'py>(array: &Bound<'py, PyUntypedArray>, dtype: DType) -> PyResult<Bound<'py, PyUntypedArray>> {
+    let py = array.py();
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("dtype", np_ffi::descr(py, dtype))?;
+    kwargs.set_item("order", "C")?;
+    // `numpy.array` always copies (`ascontiguousarray` would hand back an unaligned contiguous
+    // array as is).
+    Ok(numpy(py)?.call_method("array", (array,), Some(&kwargs))?.cast_into()?)
 }
 
 /// Validates an `out=` array: an ndarray, writeable, C-contiguous, native byte order.

@@ -9,7 +9,7 @@ use std::sync::{Arc, OnceLock};
 
 use numpy::{PyUntypedArray, PyUntypedArrayMethods};
 use opbridge_ops::dispatch;
-use opbridge_ops::registry::{Entry, Lane, Registry};
+use opbridge_ops::registry::{Entry, Lane, Registry, ViewLane};
 use opbridge_ops::{overlap, AttrValue, Attrs, Meta, Overlap, TensorView};
 use opbridge_runtime::{DType, DeviceContext, DeviceId, Tensor};
 use pyo3::exceptions::PyTypeError;
@@ -183,6 +183,8 @@ fn try_lane<'py, A: std::ops::Deref<Target = Bound<'py, PyAny>>>(
     }
     let mut addresses = [0usize; MAX_INPUTS];
     let mut first: Option<(DType, Bound<'py, PyUntypedArray>)> = None;
+    // A second input of another dtype, for a lane that promotes two inputs (`vector_add`).
+    let mut other: Option<(DType, Bound<'py, PyUntypedArray>)> = None;
     for (k, arg) in args.enumerate() {
         let Some(array) = np_ffi::as_ndarray(&arg) else { return Ok(None) };
         let layout = np_ffi::layout(array);
@@ -193,14 +195,36 @@ fn try_lane<'py, A: std::ops::Deref<Target = Bound<'py, PyAny>>>(
         match &first {
             None => first = Some((dtype, array.clone())),
             Some((d, a)) if *d == dtype && a.shape() == array.shape() => {}
+            Some((_, a)) if k == 1 && n == 2 && lane.promote.is_some() && a.shape() == array.shape() => {
+                other = Some((dtype, array.clone()));
+            }
             Some(_) => return Ok(None),
         }
         addresses[k] = layout.data;
     }
-    let Some((dtype, model)) = first else { return Ok(None) };
-    if !(lane.accepts)(dtype) || !entry.schema().dtypes.contains(&dtype) {
-        return Ok(None);
-    }
+    let Some((first_dtype, model)) = first else { return Ok(None) };
+    // Mixed dtypes: each input not of the promoted dtype is converted once (by numpy), as the
+    // generic path would; the copies are fresh, so disjoint from any `out`, and live until the
+    // kernel returns.
+    let mut converted: Few<Bound<'py, PyUntypedArray>> = Few::new();
+    let dtype = match (other, lane.promote) {
+        (None, _) => first_dtype,
+        (Some((second_dtype, second)), Some(promote)) => {
+            let dtype = promote(first_dtype, second_dtype);
+            if !(lane.accepts)(dtype) || !entry.schema().dtypes.contains(&dtype) {
+                return Ok(None);
+            }
+            for (k, (input_dtype, array)) in [(first_dtype, &model), (second_dtype, &second)].into_iter().enumerate() {
+                if input_dtype != dtype {
+                    let copy = host::converted(array, dtype)?;
+                    addresses[k] = np_ffi::layout(&copy).data;
+                    converted.push(copy);
+                }
+            }
+            dtype
+        }
+        (Some(_), None) => return Ok(None),
+    };
     let len = model.len();
     let bytes = len * dtype.size();
     let (out_address, result) = match out {
@@ -232,6 +256,83 @@ fn try_lane<'py, A: std::ops::Deref<Target = Bound<'py, PyAny>>>(
     let guard = entry.enter_scoped();
     let inputs = &addresses[..n];
     host::run(py, bytes * (n + 1), || (lane.run)(dtype, inputs, out_address, len)).map_err(to_pyerr)?;
+    drop(guard);
+    drop(converted); // the converted inputs lived until the kernel returned
+    Ok(Some(result))
+}
+
+/// The view fast lane (see `opbridge_ops::registry::ViewLane`): every argument an ndarray of one
+/// dtype the lane accepts, aligned, in native byte order, with strides in whole elements (any
+/// layout: transposed views are read in place), no attributes, and `out` (when given) a plain
+/// C-contiguous writeable ndarray of the lane's shape and dtype, disjoint from the inputs.
+/// Returns `None` when the call does not qualify or the lane declines its shapes: the generic
+/// path then handles it, errors, promotion and overlapping outputs included.
+fn try_view_lane<'py, A: std::ops::Deref<Target = Bound<'py, PyAny>>>(
+    py: Python<'py>,
+    entry: &Entry,
+    lane: &ViewLane,
+    args: impl ExactSizeIterator<Item = A>,
+    out: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let n = args.len();
+    if n != entry.schema().inputs.len() || n == 0 {
+        return Ok(None);
+    }
+    let mut views: Few<TensorView> = Few::new();
+    for arg in args {
+        let Some(array) = np_ffi::as_ndarray(&arg) else { return Ok(None) };
+        let layout = np_ffi::layout(array);
+        let Some(dtype) = np_ffi::dtype_of_num(layout.type_num) else { return Ok(None) };
+        let size = dtype.size() as isize;
+        let strides = array.strides();
+        if !(layout.is_aligned() && layout.is_native())
+            || views.first().is_some_and(|v| v.dtype != dtype)
+            || strides.iter().any(|s| s % size != 0)
+        {
+            return Ok(None);
+        }
+        let mut view = TensorView {
+            data: layout.data,
+            dtype,
+            shape: opbridge_ops::view::Dims::from_slice(array.shape()),
+            strides: opbridge_ops::view::Strides::from_slice(strides),
+        };
+        view.strides.iter_mut().for_each(|s| *s /= size);
+        views.push(view);
+    }
+    let dtype = views[0].dtype;
+    if !(lane.accepts)(dtype) || !entry.schema().dtypes.contains(&dtype) {
+        return Ok(None);
+    }
+    let shapes: Few<&[usize]> = views.iter().map(|v| v.shape.as_slice()).collect();
+    let Some(shape) = (lane.shape)(&shapes) else { return Ok(None) };
+    let work = (lane.work_bytes)(&shapes, dtype);
+    let (target, result) = match out {
+        None => {
+            let fresh = new_output(py, dtype, &shape)?;
+            (TensorView::contiguous(fresh.layout().data, dtype, &shape), fresh.array.into_any())
+        }
+        Some(given) => {
+            let Some(array) = np_ffi::as_ndarray(given) else { return Ok(None) };
+            let layout = np_ffi::layout(array);
+            let usable = layout.is_c_contiguous()
+                && layout.is_aligned()
+                && layout.is_native()
+                && layout.is_writeable()
+                && np_ffi::dtype_of_num(layout.type_num) == Some(dtype)
+                && array.shape() == shape.as_slice();
+            if !usable {
+                return Ok(None);
+            }
+            let target = TensorView::contiguous(layout.data, dtype, &shape);
+            if views.iter().any(|v| overlap(v.byte_span(), target.byte_span()) != Overlap::Disjoint) {
+                return Ok(None);
+            }
+            (target, given.clone())
+        }
+    };
+    let guard = entry.enter_scoped();
+    host::run(py, work, || (lane.run)(&views, &target)).map_err(to_pyerr)?;
     drop(guard);
     Ok(Some(result))
 }
@@ -395,6 +496,11 @@ fn call_two<'py>(
             return Ok(result);
         }
     }
+    if let Some(lane) = entry.op.view_lane() {
+        if let Some(result) = try_view_lane(py, entry, lane, [a, b].into_iter(), out)? {
+            return Ok(result);
+        }
+    }
     let attrs = entry.schema().bind_attrs(std::iter::empty::<(&str, AttrValue)>()).map_err(to_pyerr)?;
     // Both operands are present whatever they are (`None` is refused as an array, as numpy
     // would refuse it), so the error is about the argument, not a missing one.
@@ -531,6 +637,11 @@ impl PyOp {
     ) -> PyResult<Bound<'py, PyAny>> {
         if let (None, Some(lane)) = (kwargs, self.entry.op.lane()) {
             if let Some(result) = try_lane(py, &self.entry, lane, args.iter_borrowed(), out)? {
+                return Ok(result);
+            }
+        }
+        if let (None, Some(lane)) = (kwargs, self.entry.op.view_lane()) {
+            if let Some(result) = try_view_lane(py, &self.entry, lane, args.iter_borrowed(), out)? {
                 return Ok(result);
             }
         }

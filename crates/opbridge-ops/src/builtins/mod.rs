@@ -13,7 +13,8 @@ use crate::cpu::matmul as mm;
 use crate::cpu::KernelError;
 use crate::error::{OpError, Result};
 use crate::native::{self, view, view_mut};
-use crate::registry::{Operator, Registry, Source};
+use crate::registry::{Operator, Registry, Source, ViewLane};
+use crate::view::{Dims, TensorView};
 
 mod arithmetic;
 mod reductions;
@@ -28,7 +29,7 @@ type OpResult<T> = opbridge_plugin_sdk::Result<T>;
 
 /// Registers every built-in operator in `registry`.
 pub fn register_builtins(registry: &Registry) -> Result<()> {
-    let mut ops: Vec<Arc<dyn Operator>> = vec![vector_add_op()?, Arc::new(native::op::<Matmul>()?)];
+    let mut ops: Vec<Arc<dyn Operator>> = vec![vector_add_op()?, matmul_op()?];
     ops.extend(arithmetic::all()?);
     ops.extend(reductions::all()?);
     for op in ops {
@@ -98,18 +99,30 @@ fn alias_of(a: usize, b: usize, out: usize) -> Alias {
 
 /// `vector_add` with its fast lane: every dtype, both inputs and the output of one dtype.
 fn vector_add_op() -> Result<Arc<dyn Operator>> {
-    Ok(Arc::new(native::op::<VectorAdd>()?.with_lane(
-        |_| true,
-        |dtype, inputs, out, len| {
-            let alias = alias_of(inputs[0], inputs[1], out);
-            // SAFETY: the lane's contract (see `Lane::run`): contiguous, aligned operands of
-            // `len` elements of `dtype`, the output disjoint from each input or exactly it.
-            unsafe {
-                elementwise::add(dtype, inputs[0] as *const u8, inputs[1] as *const u8, out as *mut u8, len, alias)
-            };
-            Ok(())
-        },
-    )))
+    Ok(Arc::new(
+        native::op::<VectorAdd>()?
+            .with_lane(
+                |_| true,
+                |dtype, inputs, out, len| {
+                    let alias = alias_of(inputs[0], inputs[1], out);
+                    // SAFETY: the lane's contract (see `Lane::run`): contiguous, aligned operands of
+                    // `len` elements of `dtype`, the output disjoint from each input or exactly it.
+                    unsafe {
+                        elementwise::add(
+                            dtype,
+                            inputs[0] as *const u8,
+                            inputs[1] as *const u8,
+                            out as *mut u8,
+                            len,
+                            alias,
+                        )
+                    };
+                    Ok(())
+                },
+            )
+            // Its input-dtype rule (`promote_both`) is exactly numpy's promotion of the two.
+            .with_lane_promotion(DType::promote),
+    ))
 }
 
 /// Maps a CPU kernel's refusal to `OpError::CpuKernel`, naming the operator `op`.
@@ -193,20 +206,44 @@ impl Op for Matmul {
         _: &Attrs<'_>,
         _: &mut [u8],
     ) -> OpResult<()> {
-        let (a, b, out) = (view(&inputs[0]), view(&inputs[1]), view_mut(&mut outputs[0]));
-        let (m, k, n) = (a.shape[0], a.shape[1], b.shape[1]);
-        let mat = |v: &crate::view::TensorView| mm::MatRef {
-            ptr: v.data as *const u8,
-            row_stride: v.strides[0],
-            col_stride: v.strides[1],
-        };
-        if k == 0 {
-            // SAFETY: the output is a contiguous (m, n) block.
-            unsafe { std::ptr::write_bytes(out.data as *mut u8, 0, out.numel() * out.dtype.size()) };
-        } else if m > 0 && n > 0 {
-            // SAFETY: views valid per the registry's contract; the output is disjoint.
-            unsafe { mm::matmul(out.dtype, m, n, k, mat(&a), mat(&b), mat(&out)) };
-        }
+        matmul_views(&view(&inputs[0]), &view(&inputs[1]), &view_mut(&mut outputs[0]));
         Ok(())
     }
+}
+
+/// `a @ b` for 2-D views of one float dtype (any strides) into a contiguous `(m, n)` output
+/// disjoint from them: what both the operator and its view lane run.
+fn matmul_views(a: &TensorView, b: &TensorView, out: &TensorView) {
+    let (m, k, n) = (a.shape[0], a.shape[1], b.shape[1]);
+    let mat =
+        |v: &TensorView| mm::MatRef { ptr: v.data as *const u8, row_stride: v.strides[0], col_stride: v.strides[1] };
+    if k == 0 {
+        // An empty sum: zeros, as numpy gives.
+        // SAFETY: the output is a contiguous (m, n) block (both callers' contract).
+        unsafe { std::ptr::write_bytes(out.data as *mut u8, 0, out.numel() * out.dtype.size()) };
+    } else if m > 0 && n > 0 {
+        // SAFETY: views valid per the registry's contract (or the view lane's, the same); the
+        // output is disjoint from both inputs.
+        unsafe { mm::matmul(out.dtype, m, n, k, mat(a), mat(b), mat(out)) };
+    }
+}
+
+/// `matmul` v1 with its view lane: two 2-D operands of one float dtype with matching inner
+/// dimensions (everything else, promotion and errors included, takes the generic path).
+fn matmul_op() -> Result<Arc<dyn Operator>> {
+    Ok(Arc::new(native::op::<Matmul>()?.with_view_lane(ViewLane {
+        accepts: |dtype| mm::MATMUL_DTYPES.contains(&dtype),
+        shape: Box::new(|shapes| match shapes {
+            [&[m, k], &[k2, n]] if k == k2 => Some(Dims::from_slice(&[m, n])),
+            _ => None,
+        }),
+        work_bytes: |shapes, dtype| match shapes {
+            [&[m, k], &[_, n]] => m.saturating_mul(n).saturating_mul(k).saturating_mul(dtype.size()),
+            _ => 0,
+        },
+        run: Box::new(|inputs, out| {
+            matmul_views(&inputs[0], &inputs[1], out);
+            Ok(())
+        }),
+    })))
 }

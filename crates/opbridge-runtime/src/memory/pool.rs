@@ -145,12 +145,12 @@ impl MemoryPool {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The size of the block a request of `bytes` gets.
     /// The device whose memory this pool caches.
     pub fn device_id(&self) -> crate::device::DeviceId {
         self.device.id()
     }
 
+    /// The size of the block a request of `bytes` gets.
     pub fn block_size(&self, bytes: usize) -> usize {
         round_up(bytes.max(1), MIN_BLOCK).unwrap_or(usize::MAX)
     }
