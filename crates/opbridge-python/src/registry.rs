@@ -211,7 +211,7 @@ fn try_lane<'py, A: std::ops::Deref<Target = Bound<'py, PyAny>>>(
         (None, _) => first_dtype,
         (Some((second_dtype, second)), Some(promote)) => {
             let dtype = promote(first_dtype, second_dtype);
-            if !(lane.accepts)(dtype) || !entry.schema().dtypes.contains(&dtype) {
+            if !(lane.accepts)(dtype) {
                 return Ok(None);
             }
             for (k, (input_dtype, array)) in [(first_dtype, &model), (second_dtype, &second)].into_iter().enumerate() {
@@ -225,6 +225,9 @@ fn try_lane<'py, A: std::ops::Deref<Target = Bound<'py, PyAny>>>(
         }
         (Some(_), None) => return Ok(None),
     };
+    if !(lane.accepts)(dtype) || !entry.schema().dtypes.contains(&dtype) {
+        return Ok(None);
+    }
     let len = model.len();
     let bytes = len * dtype.size();
     let (out_address, result) = match out {
