@@ -1,5 +1,6 @@
 """Regressions for concurrency and ordering hazards: each test once hung, raced or lost an error."""
 
+import textwrap
 import threading
 import time
 
@@ -186,3 +187,185 @@ def test_numpy_inputs_of_async_calls_are_consumed_at_the_call(call):
         a[:] = 100
         del a
         np.testing.assert_array_equal(r.numpy(), np.full((4, 4), want, np.float32))
+
+
+# --- probes that hang or leak when broken run in a subprocess with a timeout -----------------
+
+
+def run_probe(code: str, timeout: float = 60.0) -> str:
+    """Runs `code` in a fresh interpreter; a hang fails this test only, not the suite."""
+    import subprocess
+    import sys
+
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the probe hung (more than {timeout} s)")
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+HOST_PRELUDE = """
+import threading
+import numpy as np
+import opbridge as ob
+
+s = ob.Stream()
+result = []
+finished = threading.Event()
+gate = threading.Event()
+
+def host(fn):
+    def run():
+        try:
+            fn()
+            result.append("returned")
+        except ob.DeviceError as e:
+            result.append(f"DeviceError: {e}")
+        except BaseException as e:
+            result.append(f"{type(e).__name__}: {e}")
+        finally:
+            finished.set()
+    return run
+
+def report():
+    assert finished.wait(20), "the host function's wait hung"
+    print(result[0])
+    ob.synchronize()  # every stream recovers
+    print("recovered")
+"""
+
+SELF_WAITS = {
+    "own-event": """
+        s.launch_host_func(host(lambda: s.record_event().synchronize()))
+    """,
+    "tensor-written-after-it": """
+        t = ob.asarray(np.ones(4, np.float32))
+        box = {}
+        s.launch_host_func(lambda: gate.wait(20))
+        s.launch_host_func(host(lambda: box["r"].numpy()))
+        with s:
+            box["r"] = ob.ops.add(t, t)
+        gate.set()
+    """,
+    "stream-waiting-on-it": """
+        s2 = ob.Stream()
+        s.launch_host_func(lambda: gate.wait(20))
+        s.launch_host_func(host(s2.synchronize))
+        s2.wait_stream(s)
+        gate.set()
+    """,
+    "event-on-a-stream-waiting-on-it": """
+        s2, s3 = ob.Stream(), ob.Stream()
+        s.launch_host_func(lambda: gate.wait(20))
+        box = {}
+        s.launch_host_func(host(lambda: box["e"].synchronize()))
+        s2.wait_stream(s)
+        s3.wait_stream(s2)
+        box["e"] = s3.record_event()
+        gate.set()
+    """,
+    "tensor-on-a-stream-waiting-on-it": """
+        t = ob.asarray(np.ones(4, np.float32))
+        s2 = ob.Stream()
+        box = {}
+        s.launch_host_func(lambda: gate.wait(20))
+        s.launch_host_func(host(lambda: box["r"].numpy()))
+        with s:
+            u = ob.ops.add(t, t)
+        with s2:
+            box["r"] = ob.ops.neg(u)  # waits on s for u
+        gate.set()
+    """,
+    "device-synchronize": """
+        s.launch_host_func(host(ob.synchronize))
+    """,
+    "own-synchronize": """
+        s.launch_host_func(host(s.synchronize))
+    """,
+}
+
+
+@pytest.mark.parametrize("case", sorted(SELF_WAITS))
+def test_host_function_waits_that_need_its_own_stream_raise(case):
+    out = run_probe(HOST_PRELUDE + textwrap.dedent(SELF_WAITS[case]) + "report()\n")
+    first, last = out.strip().splitlines()
+    assert first.startswith("DeviceError:") and "cannot wait for" in first, first
+    assert "from work running on" in first
+    assert last == "recovered"
+
+
+REACHABLE_WAITS = {
+    "tensor-written-before-it": """
+        t = ob.asarray(np.ones(4, np.float32))
+        with s:
+            r = ob.ops.add(t, t)
+        s.launch_host_func(host(lambda: np.testing.assert_array_equal(r.numpy(), 2 * np.ones(4))))
+    """,
+    "independent-busy-stream": """
+        s2 = ob.Stream()
+        s2.launch_host_func(lambda: __import__("time").sleep(0.05))
+        s.launch_host_func(host(s2.synchronize))
+    """,
+    "event-before-a-wait-on-it": """
+        s2 = ob.Stream()
+        s2.launch_host_func(lambda: __import__("time").sleep(0.05))
+        e = s2.record_event()
+        s.launch_host_func(host(e.synchronize))
+        s2.wait_stream(s)  # after the event: the event is still reachable
+    """,
+}
+
+
+@pytest.mark.parametrize("case", sorted(REACHABLE_WAITS))
+def test_host_function_waits_that_can_end_still_wait(case):
+    out = run_probe(HOST_PRELUDE + textwrap.dedent(REACHABLE_WAITS[case]) + "report()\n")
+    assert out.split() == ["returned", "recovered"]
+
+
+THREAD_COUNT = """
+import os, time
+def threads():
+    return len(os.listdir("/proc/self/task"))
+def settle(limit):
+    deadline = time.monotonic() + 10
+    while threads() > limit and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return threads()
+"""
+
+
+@pytest.mark.skipif(not __import__("os").path.isdir("/proc/self/task"), reason="needs /proc to count threads")
+@pytest.mark.parametrize(
+    "use",
+    [
+        # A stream used with a long-lived tensor, then dropped.
+        "s = ob.Stream()\n    with s:\n        ob.ops.neg(t)\n    del s",
+        # The same, dropped while its work may still be queued.
+        "s = ob.Stream()\n    s.launch_host_func(lambda: None)\n    with s:\n        ob.ops.neg(t)\n    del s",
+        # A short-lived Python thread using the tensor on its own current stream.
+        "th = threading.Thread(target=lambda: ob.ops.neg(t))\n    th.start()\n    th.join()",
+    ],
+    ids=["dropped-stream", "dropped-busy-stream", "short-lived-thread"],
+)
+def test_dead_streams_release_their_workers_while_a_tensor_they_used_lives(use):
+    code = f"""
+import threading
+import numpy as np
+import opbridge as ob
+{THREAD_COUNT}
+t = ob.asarray(np.ones(1000, np.float32))
+ob.ops.neg(t)
+ob.synchronize()
+before = threads()
+for _ in range(500):
+    {use}
+ob.synchronize()
+ob.Stream()  # lets the registry forget dropped streams whose work has finished
+print(settle(before + 8) - before)
+np.testing.assert_array_equal(t.numpy(), np.ones(1000))
+"""
+    extra = int(run_probe(code).strip())
+    assert extra <= 8, f"500 dead streams left {extra} threads behind"

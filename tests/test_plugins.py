@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -456,3 +457,61 @@ def test_a_library_built_for_abi_1_is_refused(tmp_path: Path) -> None:
     )
     with pytest.raises(ob.OpBridgeError, match="built for plugin ABI 1, this opbridge speaks 2.*rebuild"):
         ob.load_library(cc(old, tmp_path / "libabi1.so"))
+
+
+UNLOAD_FROM_HOST_FUNCTION = """
+import sys, threading
+import numpy as np
+import opbridge as ob
+
+lib = ob.load_library(sys.argv[1])
+a = ob.asarray(np.ones(4))
+s, other = ob.Stream(), ob.Stream()
+gate, finished, result = threading.Event(), threading.Event(), []
+
+def unload():
+    try:
+        lib.unload()
+        result.append("returned")
+    except ob.OpBridgeError as e:
+        result.append(f"{type(e).__name__}: {e}")
+    finally:
+        finished.set()
+
+s.launch_host_func(lambda: gate.wait(20))
+s.launch_host_func(unload)
+{extra}
+with {stream}:
+    r = ob.ops.scale_add(a, a, alpha=2.0)  # queued on {stream}
+gate.set()
+assert finished.wait(20), "the unload hung"
+print(result[0])
+ob.synchronize()
+np.testing.assert_array_equal(r.numpy(), 3 * np.ones(4))  # the queued call still ran
+print("unregistered" if all(i["name"] != "scale_add" for i in ob.list_ops()) else "still registered")
+"""
+
+
+@pytest.mark.parametrize(
+    ("stream", "extra", "expected"),
+    [
+        ("s", "", "DeviceError"),  # the call is queued behind the unloading host function
+        ("other", "other.wait_stream(s)", "DeviceError"),  # on a stream that waits for it
+        ("other", "", "returned"),  # on an independent stream: the unload waits for it
+    ],
+    ids=["same-stream", "stream-waiting-on-it", "independent-stream"],
+)
+def test_unload_from_a_host_function(c_plugin: Path, stream: str, extra: str, expected: str) -> None:
+    """An unload from a host function raises (instead of hanging) when a call of the library is
+    queued behind that host function; the call still runs, and the operators are gone."""
+    code = UNLOAD_FROM_HOST_FUNCTION.replace("{stream}", stream).replace("{extra}", extra)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code, str(c_plugin)], capture_output=True, text=True, timeout=60, check=False
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the unload from a host function hung")
+    assert done.returncode == 0, done.stderr
+    first, second = done.stdout.strip().splitlines()
+    assert first.startswith(expected), first
+    assert second == "unregistered"

@@ -430,3 +430,98 @@ def test_wait_event_blocks_only_the_waiting_stream() -> None:
     gate.set()
     stream_b.synchronize()
     assert log == ["c", "a", "b"]
+
+
+# --- `with` blocks exited out of order ----------------------------------------------------------
+
+
+def test_with_blocks_exited_out_of_order(device: str) -> None:
+    default = ob.current_stream()
+    s1, s2 = ob.Stream(device=device), ob.Stream(device=device)
+    s1.__enter__()
+    s2.__enter__()
+    s1.__exit__(None, None, None)
+    assert ob.current_stream() == s2, "s2's block is still open"
+    s2.__exit__(None, None, None)
+    assert ob.current_stream() == default, "no block open: the stream from before them"
+
+
+def test_three_blocks_exited_in_every_order() -> None:
+    import itertools
+
+    default = ob.current_stream()
+    streams = [ob.Stream() for _ in range(3)]
+    for order in itertools.permutations(range(3)):
+        for s in streams:
+            s.__enter__()
+        still_open = [0, 1, 2]
+        for i in order:
+            streams[i].__exit__(None, None, None)
+            still_open.remove(i)
+            expected = streams[still_open[-1]] if still_open else default
+            assert ob.current_stream() == expected, (order, i)
+    assert ob.current_stream() == default
+
+
+def test_generators_holding_with_blocks() -> None:
+    default = ob.current_stream()
+    s1, s2, s3 = ob.Stream(), ob.Stream(), ob.Stream()
+
+    def holding(s: ob.Stream):
+        with s:
+            yield
+            yield
+
+    g1 = holding(s1)
+    next(g1)
+    assert ob.current_stream() == s1
+    with s2:
+        g3 = holding(s3)
+        next(g3)
+        assert ob.current_stream() == s3
+        g1.close()  # the outermost block ends first
+        assert ob.current_stream() == s3
+        g3.close()
+        assert ob.current_stream() == s2
+    assert ob.current_stream() == default
+    # A block entered by a generator and ended after the block around it.
+    with s1:
+        g2 = holding(s2)
+        next(g2)
+    assert ob.current_stream() == s2, "the generator's block is still open"
+    g2.close()
+    assert ob.current_stream() == default
+
+
+def test_generator_closed_on_another_thread() -> None:
+    default = ob.current_stream()
+    s = ob.Stream()
+
+    def holding():
+        with s:
+            yield
+
+    g = holding()
+    next(g)
+    assert ob.current_stream() == s
+    closer = threading.Thread(target=g.close)
+    closer.start()
+    closer.join()
+    assert ob.current_stream() == default
+
+
+def test_same_stream_through_two_handles_exited_out_of_order() -> None:
+    default = ob.current_stream()
+    s = ob.Stream()
+    other = ob.Stream()
+    s.__enter__()
+    same = ob.current_stream()  # another Python object for the same stream
+    assert same == s
+    other.__enter__()
+    same.__enter__()
+    s.__exit__(None, None, None)  # ends the outermost block (the one entered through `s`)
+    assert ob.current_stream() == s, "the innermost block (through `same`) is still open"
+    same.__exit__(None, None, None)
+    assert ob.current_stream() == other
+    other.__exit__(None, None, None)
+    assert ob.current_stream() == default

@@ -257,7 +257,8 @@ pub fn launch(
     let attrs = attrs.clone();
     let reads: Vec<&Tensor> = converted.iter().flatten().map(|t| t.as_ref()).collect();
     let writes: Vec<&Tensor> = targets.iter().map(|t| t.as_ref()).collect();
-    Tensor::launch(
+    let tracked = Arc::clone(call.entry());
+    let done = Tensor::launch_event(
         stream,
         &reads,
         &writes,
@@ -278,6 +279,8 @@ pub fn launch(
             ran
         }),
     )?;
+    // Where the call sits in stream order, for an unload started from stream work.
+    tracked.track(done);
     for (result, target) in results.iter().zip(&targets) {
         if !Arc::ptr_eq(result, target) {
             copy_tensor(target, result, stream)?;

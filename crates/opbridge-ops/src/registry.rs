@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 
-use opbridge_runtime::{DType, DeviceKind};
+use opbridge_runtime::{DType, DeviceKind, Event};
 
 use crate::error::{OpError, Result};
 use crate::schema::{Attrs, Meta, Schema};
@@ -183,6 +183,10 @@ pub struct Entry {
     waiters: AtomicUsize,
     wait: Mutex<()>,
     idle: Condvar,
+    /// Completion events of asynchronous calls (some may be done): an unload started from
+    /// stream work checks them before it blocks, so it fails instead of waiting for a call
+    /// queued behind that very work.
+    queued: Mutex<Vec<Event>>,
 }
 
 impl fmt::Debug for Entry {
@@ -201,6 +205,7 @@ impl Entry {
             waiters: AtomicUsize::new(0),
             wait: Mutex::new(()),
             idle: Condvar::new(),
+            queued: Mutex::new(Vec::new()),
         }
     }
 
@@ -239,20 +244,63 @@ impl Entry {
         }
     }
 
+    /// Notes the completion event of an asynchronous call (see [`Entry::wait_idle`]).
+    pub fn track(&self, done: Event) {
+        if !self.counted {
+            return; // a built-in: nothing waits for its calls (see `counted`)
+        }
+        let mut queued = self.queued.lock().unwrap_or_else(|p| p.into_inner());
+        // Calls on one stream complete in order: drop finished ones from the front, and sweep
+        // the rest when the list doubles (amortized constant per call).
+        while queued.first().is_some_and(Event::query) {
+            queued.remove(0);
+        }
+        if queued.len() >= 64 && queued.len().is_power_of_two() {
+            queued.retain(|e| !e.query());
+        }
+        queued.push(done);
+    }
+
     /// Blocks until no call of this operator is in flight (built-ins, whose code cannot be
     /// unloaded, are not counted: it returns at once).
-    pub fn wait_idle(&self) {
+    ///
+    /// From stream work (a host function) a call queued behind that work, directly or through
+    /// other streams, could never finish: that is a `Device` error instead of a hang.
+    pub fn wait_idle(&self) -> std::result::Result<(), opbridge_runtime::Error> {
         if !self.counted {
-            return;
+            return Ok(());
         }
+        let checked = opbridge_runtime::on_stream_worker();
         let mut lock = self.wait.lock().unwrap_or_else(|p| p.into_inner());
         // SeqCst on both sides: either the last call sees this waiter and wakes it, or this
         // waiter sees the count at zero (store, then load, in each thread).
         self.waiters.fetch_add(1, Ordering::SeqCst);
+        let mut outcome = Ok(());
         while self.calls.load(Ordering::SeqCst) > 0 {
-            lock = self.idle.wait(lock).unwrap_or_else(|p| p.into_inner());
+            if !checked {
+                lock = self.idle.wait(lock).unwrap_or_else(|p| p.into_inner());
+                continue;
+            }
+            // Wait for each queued call with the runtime's checked waits (outside the lock, so
+            // the last call can wake us), then look again: a call launched meanwhile on another
+            // thread is noted just after it is queued, so the timeout bounds how late we see it.
+            drop(lock);
+            let pending: Vec<Event> = self.queued.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            outcome = pending.iter().try_for_each(Event::synchronize);
+            lock = self.wait.lock().unwrap_or_else(|p| p.into_inner());
+            if outcome.is_err() {
+                break;
+            }
+            if self.calls.load(Ordering::SeqCst) > 0 {
+                lock = self
+                    .idle
+                    .wait_timeout(lock, std::time::Duration::from_millis(20))
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+            }
         }
         self.waiters.fetch_sub(1, Ordering::SeqCst);
+        outcome
     }
 }
 

@@ -321,7 +321,7 @@ fn a_registry_of_its_own_dispatches_like_the_default(ctx: &'static Arc<DeviceCon
     let r = dispatch::launch(&mul, &no_attrs(&mul), &[Some(a.clone()), Some(a)], None, &stream, ctx.pool()).unwrap();
     assert_eq!(read::<f32>(&r[0]).unwrap(), vec![9.0, 16.0]);
     // Built-ins are not counted in flight (their code cannot be unloaded): nothing to wait for.
-    mul.wait_idle();
+    mul.wait_idle().unwrap();
     stream.synchronize().unwrap();
 }
 test_device!(a_registry_of_its_own_dispatches_like_the_default);

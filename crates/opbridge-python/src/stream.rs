@@ -1,9 +1,8 @@
 //! `opbridge.Stream`, `opbridge.Event` and the module-level stream functions.
 
 use std::sync::Mutex;
-use std::thread::ThreadId;
 
-use opbridge_runtime::{DeviceContext, Event, Stream};
+use opbridge_runtime::{DeviceContext, Event, Stream, StreamContext};
 use pyo3::prelude::*;
 
 use crate::convert::parse_device;
@@ -21,14 +20,23 @@ use crate::errors::to_pyerr;
 #[derive(Debug)]
 pub struct PyStream {
     pub inner: Stream,
-    /// Streams to restore on `__exit__`, per entering thread (a stream may be entered by
-    /// several threads, and nested).
-    restore: Mutex<Vec<(ThreadId, Option<Stream>)>>,
+    /// The open `with` blocks of this object, innermost last (a stream may be entered by several
+    /// threads, and nested). Each closes on `__exit__`, in any order (see `enter_stream`).
+    entered: Mutex<Vec<StreamContext>>,
 }
 
 impl PyStream {
     pub fn wrap(inner: Stream) -> PyStream {
-        PyStream { inner, restore: Mutex::new(Vec::new()) }
+        PyStream { inner, entered: Mutex::new(Vec::new()) }
+    }
+}
+
+impl Drop for PyStream {
+    /// A block entered with a bare `__enter__()` and never exited stays open when the object
+    /// goes (the stream stays current), as with `torch.cuda.stream`.
+    fn drop(&mut self) {
+        let entered = std::mem::take(self.entered.get_mut().unwrap_or_else(|p| p.into_inner()));
+        entered.into_iter().for_each(std::mem::forget);
     }
 }
 
@@ -65,19 +73,24 @@ impl PyStream {
 
     fn __enter__<'py>(slf: &Bound<'py, Self>) -> Bound<'py, Self> {
         let this = slf.get();
-        let previous = opbridge_runtime::stream::replace_current_stream(this.inner.device(), Some(this.inner.clone()));
-        this.restore.lock().unwrap_or_else(|p| p.into_inner()).push((std::thread::current().id(), previous));
+        let context = opbridge_runtime::enter_stream(this.inner.clone());
+        this.entered.lock().unwrap_or_else(|p| p.into_inner()).push(context);
         slf.clone()
     }
 
+    /// Exits the innermost block this thread entered on this object; a block entered on another
+    /// thread (a generator resumed elsewhere) when this thread entered none. Blocks may exit in
+    /// any order: the current stream is always that of the innermost block still open.
     #[pyo3(signature = (*_args))]
     fn __exit__(&self, _args: &Bound<'_, pyo3::types::PyTuple>) {
         let me = std::thread::current().id();
-        let mut restore = self.restore.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(index) = restore.iter().rposition(|(thread, _)| *thread == me) {
-            let (_, previous) = restore.remove(index);
-            opbridge_runtime::stream::replace_current_stream(self.inner.device(), previous);
-        }
+        let context = {
+            let mut entered = self.entered.lock().unwrap_or_else(|p| p.into_inner());
+            let index = entered.iter().rposition(|c| c.thread() == me).or_else(|| entered.len().checked_sub(1));
+            index.map(|i| entered.remove(i))
+        };
+        // Dropped outside the lock: exiting touches this thread's current-stream state.
+        drop(context);
     }
 
     /// Blocks until all work enqueued so far is done; raises the first asynchronous error.

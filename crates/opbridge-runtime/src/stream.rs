@@ -3,7 +3,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use crate::device::{CopyKind, Device, EventBackend, HostFn, StreamBackend};
@@ -32,9 +32,12 @@ struct StreamInner {
 
 impl Drop for StreamInner {
     /// Work queued on a dropped stream still runs (as after `cudaStreamDestroy`): hand the
-    /// backend to the registry so device-wide synchronization keeps waiting for it.
+    /// backend to the registry so device-wide synchronization keeps waiting for it. Retired
+    /// streams whose work has finished since are let go here too, so dropping streams never
+    /// piles up workers.
     fn drop(&mut self) {
         let Some(registry) = self.registry.upgrade() else { return };
+        registry.prune_retired();
         if self.backend.query() {
             registry.stream_finished(self.id);
         } else {
@@ -122,6 +125,43 @@ impl Stream {
     /// True when everything enqueued so far is done.
     pub fn query(&self) -> bool {
         self.0.backend.query()
+    }
+
+    /// A record of this stream's use of something (a pool block) that does not keep the stream
+    /// alive: see [`StreamUse`].
+    pub fn usage(&self) -> StreamUse {
+        StreamUse { id: self.0.id, backend: Arc::downgrade(&self.0.backend) }
+    }
+}
+
+/// That a stream used something, without keeping the stream (or, on the CPU, its worker thread)
+/// alive. While the stream lives, or is dropped with work still queued (retired), an event can
+/// still be recorded on it; once it is gone with all its work done, there is nothing to wait for.
+#[derive(Debug, Clone)]
+pub struct StreamUse {
+    id: StreamId,
+    backend: Weak<dyn StreamBackend>,
+}
+
+impl StreamUse {
+    pub fn id(&self) -> StreamId {
+        self.id
+    }
+
+    /// False once the stream is gone with all its work done.
+    pub fn may_be_busy(&self) -> bool {
+        self.backend.strong_count() > 0
+    }
+
+    /// Records a new event at the current end of the stream on `device` (the stream's device);
+    /// `None` when the stream is gone with all its work done.
+    pub fn record_new_event(&self, device: &dyn Device) -> Result<Option<Event>> {
+        // The registry holds a dropped stream's backend until its work is done, so a failed
+        // upgrade means nothing queued on it can still be running.
+        let Some(backend) = self.backend.upgrade() else { return Ok(None) };
+        let event = Event::from_device(device)?;
+        backend.record(&event.backend)?;
+        Ok(Some(event))
     }
 }
 
@@ -261,33 +301,129 @@ impl StreamRegistry {
     }
 }
 
+/// True when the calling thread is running stream work (a kernel or host function on a CPU
+/// stream's worker). Waits from there are checked for waiting on themselves; code that blocks
+/// on something stream work finishes (an unload waiting for calls) uses this to check first.
+pub fn on_stream_worker() -> bool {
+    crate::cpu::on_worker()
+}
+
+/// One device's current stream on one thread: the stream set outside any `with` block (made
+/// lazily), and the stack of streams entered since.
+#[derive(Default)]
+struct Current {
+    base: Option<Stream>,
+    entered: Vec<Entered>,
+}
+
+/// A stream made current by [`enter_stream`] until its [`StreamContext`] exits.
+struct Entered {
+    stream: Option<Stream>,
+    open: Arc<AtomicBool>,
+}
+
+impl Current {
+    /// Forgets entered streams whose context has exited (maybe on another thread) from the top.
+    fn prune(&mut self) {
+        while self.entered.last().is_some_and(|e| !e.open.load(Ordering::Acquire)) {
+            self.entered.pop();
+        }
+    }
+
+    /// The slot that `set_current_stream` replaces: the innermost open `with`, or the base.
+    fn slot(&mut self) -> &mut Option<Stream> {
+        self.prune();
+        match self.entered.last_mut() {
+            Some(top) => &mut top.stream,
+            None => &mut self.base,
+        }
+    }
+}
+
 thread_local! {
-    /// This thread's current stream per device, created on first use.
-    static CURRENT: RefCell<HashMap<DeviceId, Stream>> = RefCell::new(HashMap::new());
+    /// This thread's current stream per device.
+    static CURRENT: RefCell<HashMap<DeviceId, Current>> = RefCell::new(HashMap::new());
 }
 
 /// The calling thread's current stream on `ctx`'s device, created lazily: each host thread
 /// gets its own, so threads never serialize behind each other's work.
 pub fn current_stream(ctx: &DeviceContext) -> Result<Stream> {
-    if let Some(stream) = CURRENT.with(|c| c.borrow().get(&ctx.id()).cloned()) {
+    let found = CURRENT.with(|c| {
+        let mut c = c.borrow_mut();
+        let current = c.get_mut(&ctx.id())?;
+        current.slot().clone().or_else(|| current.base.clone())
+    });
+    if let Some(stream) = found {
         return Ok(stream);
     }
     let stream = Stream::new(ctx)?;
-    CURRENT.with(|c| c.borrow_mut().insert(ctx.id(), stream.clone()));
+    CURRENT.with(|c| c.borrow_mut().entry(ctx.id()).or_default().base = Some(stream.clone()));
     Ok(stream)
 }
 
-/// Makes `stream` the calling thread's current stream of its device; returns the previous one
-/// (what a `with stream:` block restores on exit).
+/// Makes `stream` the calling thread's current stream of its device; returns the previous one.
+/// Inside a `with` block ([`enter_stream`]) it replaces that block's stream, which the block's
+/// exit then undoes, as `torch.cuda.set_stream` inside `with torch.cuda.stream(...)` does.
 pub fn set_current_stream(stream: Stream) -> Option<Stream> {
     replace_current_stream(stream.device(), Some(stream))
 }
 
 /// Sets (or, with `None`, clears back to lazily created) the calling thread's current stream
-/// on `device`; returns the previous one.
+/// on `device`; returns the previous one. Like [`set_current_stream`] inside a `with` block.
 pub fn replace_current_stream(device: DeviceId, stream: Option<Stream>) -> Option<Stream> {
-    CURRENT.with(|c| match stream {
-        Some(stream) => c.borrow_mut().insert(device, stream),
-        None => c.borrow_mut().remove(&device),
-    })
+    CURRENT.with(|c| std::mem::replace(c.borrow_mut().entry(device).or_default().slot(), stream))
+}
+
+/// Makes `stream` the calling thread's current stream of its device until the returned context
+/// exits (`with stream:`). Contexts may exit in any order and from any thread (a generator
+/// holding `with s:` resumed elsewhere): the current stream is always the stream of the
+/// innermost context still open on this thread, or, with none open, the stream that was current
+/// before the first of them (or set since outside any). In order, each exit restores exactly
+/// what its entry replaced, as `torch.cuda.stream` does; out of order, an exit only removes its
+/// own stream and never resurrects a stream whose context has already exited.
+pub fn enter_stream(stream: Stream) -> StreamContext {
+    let device = stream.device();
+    let open = Arc::new(AtomicBool::new(true));
+    CURRENT.with(|c| {
+        let mut c = c.borrow_mut();
+        let current = c.entry(device).or_default();
+        current.prune();
+        current.entered.push(Entered { stream: Some(stream), open: Arc::clone(&open) });
+    });
+    StreamContext { device, open, thread: std::thread::current().id() }
+}
+
+/// An open `with stream:` block from [`enter_stream`]; dropping it exits the block.
+#[derive(Debug)]
+pub struct StreamContext {
+    device: DeviceId,
+    open: Arc<AtomicBool>,
+    thread: std::thread::ThreadId,
+}
+
+impl StreamContext {
+    /// Exits the block (the same as dropping the context).
+    pub fn exit(self) {}
+
+    /// The thread that entered the block.
+    pub fn thread(&self) -> std::thread::ThreadId {
+        self.thread
+    }
+}
+
+impl Drop for StreamContext {
+    fn drop(&mut self) {
+        self.open.store(false, Ordering::Release);
+        if std::thread::current().id() != self.thread {
+            return; // the entering thread forgets it at its next look-up
+        }
+        // `try_with`: this may run while the thread's locals are being destroyed.
+        let _ = CURRENT.try_with(|c| {
+            let Ok(mut c) = c.try_borrow_mut() else { return };
+            if let Some(current) = c.get_mut(&self.device) {
+                current.entered.retain(|e| !Arc::ptr_eq(&e.open, &self.open));
+                current.prune();
+            }
+        });
+    }
 }

@@ -195,6 +195,12 @@ impl Tensor {
     /// streams (reads wait for writes; writes wait for reads and writes). The pool learns which
     /// blocks the stream uses, so freeing them is safe without `record_stream`.
     pub fn launch(stream: &Stream, reads: &[&Tensor], writes: &[&Tensor], kernel: HostFn) -> Result<()> {
+        Tensor::launch_event(stream, reads, writes, kernel).map(drop)
+    }
+
+    /// [`Tensor::launch`], returning the event that completes once `kernel` has run (what
+    /// whoever must wait for that kernel, e.g. an unload, waits on).
+    pub fn launch_event(stream: &Stream, reads: &[&Tensor], writes: &[&Tensor], kernel: HostFn) -> Result<Event> {
         let mut waits: Vec<Event> = Vec::new();
         let mut wait_for = |owner: StreamId, event: &Event| {
             if owner != stream.id() && !event.query() {
@@ -251,7 +257,7 @@ impl Tensor {
             access.write = Some((stream.id(), done.clone()));
             access.failure = Some(Arc::clone(&failure));
         }
-        Ok(())
+        Ok(done)
     }
 
     /// Enqueues on `stream` a fill of this tensor with zero bytes (zero in every dtype), ordered

@@ -687,3 +687,271 @@ fn staged_map_reports_a_failing_kernel(ctx: &'static Arc<DeviceContext>) {
     ctx.synchronize().unwrap();
 }
 test_device!(staged_map_reports_a_failing_kernel);
+
+// --- dropped streams release their workers ------------------------------------------------------
+
+/// Threads of this process (Linux: the entries of /proc/self/task).
+fn thread_count() -> usize {
+    std::fs::read_dir("/proc/self/task").map(|d| d.count()).unwrap_or(0)
+}
+
+/// Waits (up to 10 s) for the thread count to come back to at most `limit`; returns the last count.
+fn threads_settle_to(limit: usize) -> usize {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = thread_count();
+        if now <= limit || std::time::Instant::now() > deadline {
+            return now;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn noop() -> HostFn {
+    Box::new(|| Ok(()))
+}
+
+fn dropped_streams_release_their_workers_while_a_block_they_used_lives(ctx: &'static Arc<DeviceContext>) {
+    let _serial = serial();
+    if thread_count() == 0 {
+        return; // no /proc: nothing to count with
+    }
+    let tensor = Tensor::empty(ctx, &[1024], DType::F32, StreamId::HOST).unwrap();
+    let before = thread_count();
+    for i in 0..300 {
+        let stream = new_stream(ctx);
+        Tensor::launch(&stream, &[&tensor], &[], noop()).unwrap();
+        if i % 2 == 0 {
+            stream.synchronize().unwrap(); // dropped idle
+        } // else dropped with the work maybe still queued (retired)
+    }
+    ctx.synchronize().unwrap();
+    new_stream(ctx); // lets the registry forget retired streams that have finished since
+    let after = threads_settle_to(before + 8);
+    assert!(after <= before + 8, "300 dropped streams left {} threads behind", after - before);
+    // The block still waits for a stream that is alive and busy before it is reused.
+    let busy = new_stream(ctx);
+    let (release, blocked) = gate();
+    Tensor::launch(&busy, &[&tensor], &[], blocked).unwrap();
+    drop(tensor);
+    assert_eq!(ctx.pool().stats().pending_free_blocks, 1, "the freed block waits for the busy stream");
+    release.send(()).unwrap();
+    busy.synchronize().unwrap();
+    ctx.pool().empty_cache().unwrap();
+    assert_eq!(ctx.pool().stats().pending_free_blocks, 0);
+}
+test_device!(dropped_streams_release_their_workers_while_a_block_they_used_lives);
+
+fn short_lived_threads_using_a_long_lived_tensor_leave_no_workers(ctx: &'static Arc<DeviceContext>) {
+    let _serial = serial();
+    if thread_count() == 0 {
+        return;
+    }
+    let tensor = Arc::new(Tensor::empty(ctx, &[1024], DType::F32, StreamId::HOST).unwrap());
+    let before = thread_count();
+    for _ in 0..200 {
+        let tensor = Arc::clone(&tensor);
+        // Each thread's current stream is made on first use and dropped when the thread ends.
+        thread::spawn(move || {
+            let stream = current_stream(ctx).unwrap();
+            Tensor::launch(&stream, &[&tensor], &[], sleep_kernel(1)).unwrap();
+        })
+        .join()
+        .unwrap();
+    }
+    ctx.synchronize().unwrap();
+    new_stream(ctx);
+    let after = threads_settle_to(before + 8);
+    assert!(after <= before + 8, "200 finished threads left {} stream workers behind", after - before);
+    drop(tensor);
+}
+test_device!(short_lived_threads_using_a_long_lived_tensor_leave_no_workers);
+
+// --- waits from a host function that could only end after it ------------------------------------
+
+/// Runs `probe` as a host function on `stream` and returns its result; fails the test (instead
+/// of hanging it) when the probe does not return within 10 s.
+fn from_host_function(
+    stream: &Stream,
+    probe: impl FnOnce() -> opbridge_runtime::Result<()> + Send + 'static,
+) -> opbridge_runtime::Result<()> {
+    let (tx, rx) = mpsc::channel();
+    stream
+        .launch_host_func(Box::new(move || {
+            let _ = tx.send(probe());
+            Ok(())
+        }))
+        .unwrap();
+    rx.recv_timeout(Duration::from_secs(10)).expect("the wait hung instead of failing")
+}
+
+fn assert_refused(outcome: opbridge_runtime::Result<()>, case: &str) {
+    match outcome {
+        Err(e @ Error::Device { .. }) => {
+            assert_eq!(e.kind(), ErrorKind::Device);
+            assert!(e.to_string().contains("from work running on"), "{case}: {e}");
+        }
+        other => panic!("{case}: expected a Device error, got {other:?}"),
+    }
+}
+
+fn host_function_waits_that_need_its_own_stream_fail(ctx: &'static Arc<DeviceContext>) {
+    let _serial = serial();
+    let s = new_stream(ctx);
+
+    // An event recorded on its own stream (after itself) and synchronized.
+    let me = s.clone();
+    assert_refused(from_host_function(&s, move || me.record_new_event()?.synchronize()), "own event");
+
+    // A tensor whose writer is queued behind the host function.
+    let (release, blocked) = gate();
+    s.launch(blocked).unwrap();
+    let tensor = Arc::new(Tensor::empty(ctx, &[4], DType::F32, StreamId::HOST).unwrap());
+    let (tx, rx) = mpsc::channel();
+    let read = Arc::clone(&tensor);
+    s.launch_host_func(Box::new(move || {
+        let _ = tx.send(read.wait_ready());
+        Ok(())
+    }))
+    .unwrap();
+    Tensor::launch(&s, &[], &[&tensor], noop()).unwrap();
+    release.send(()).unwrap();
+    assert_refused(rx.recv_timeout(Duration::from_secs(10)).expect("hung"), "tensor written after it");
+
+    // A stream that waits for work after it; and one that waits for that one (transitively).
+    let t = new_stream(ctx);
+    let u = new_stream(ctx);
+    let (release, blocked) = gate();
+    s.launch(blocked).unwrap();
+    let (tx, rx) = mpsc::channel();
+    let (t2, u2) = (t.clone(), u.clone());
+    s.launch_host_func(Box::new(move || {
+        let _ = tx.send((t2.synchronize(), u2.synchronize()));
+        Ok(())
+    }))
+    .unwrap();
+    t.wait_event(&s.record_new_event().unwrap()).unwrap();
+    u.wait_event(&t.record_new_event().unwrap()).unwrap();
+    release.send(()).unwrap();
+    let (on_t, on_u) = rx.recv_timeout(Duration::from_secs(10)).expect("hung");
+    assert_refused(on_t, "stream waiting on it");
+    assert_refused(on_u, "stream waiting on a stream waiting on it");
+
+    // The device's synchronize includes its own stream.
+    assert_refused(from_host_function(&s, move || ctx.synchronize()), "device synchronize");
+    s.synchronize().unwrap();
+    t.synchronize().unwrap();
+    u.synchronize().unwrap();
+}
+test_device!(host_function_waits_that_need_its_own_stream_fail);
+
+fn two_host_functions_waiting_for_each_other_fail_instead_of_hanging(ctx: &'static Arc<DeviceContext>) {
+    let _serial = serial();
+    let (s, x) = (new_stream(ctx), new_stream(ctx));
+    let (release, blocked) = gate();
+    s.launch(blocked).unwrap();
+    // On x: a host function that waits for s past the host function queued next on s.
+    let after_s = Event::new(ctx).unwrap();
+    let (tx_x, rx_x) = mpsc::channel();
+    let wait_s = after_s.clone();
+    x.launch_host_func(Box::new(move || {
+        let _ = tx_x.send(wait_s.synchronize());
+        Ok(())
+    }))
+    .unwrap();
+    let after_x = x.record_new_event().unwrap();
+    // On s: a host function that waits for x past the first one.
+    let (tx_s, rx_s) = mpsc::channel();
+    s.launch_host_func(Box::new(move || {
+        let _ = tx_s.send(after_x.synchronize());
+        Ok(())
+    }))
+    .unwrap();
+    after_s.record(&s).unwrap();
+    thread::sleep(Duration::from_millis(50)); // x's host function is blocked waiting by now
+    release.send(()).unwrap();
+    assert_refused(rx_s.recv_timeout(Duration::from_secs(10)).expect("hung"), "a wait cycle through another worker");
+    rx_x.recv_timeout(Duration::from_secs(10)).expect("hung").expect("x's wait ends once s moves on");
+    s.synchronize().unwrap();
+    x.synchronize().unwrap();
+}
+test_device!(two_host_functions_waiting_for_each_other_fail_instead_of_hanging);
+
+fn host_function_waits_that_can_end_still_wait(ctx: &'static Arc<DeviceContext>) {
+    let _serial = serial();
+    let (s, x) = (new_stream(ctx), new_stream(ctx));
+    // x: slow work, an event, then a wait for s's work after the host function (ping-pong).
+    x.launch(sleep_kernel(50)).unwrap();
+    let done_x = x.record_new_event().unwrap();
+    let log = new_log();
+    let (log2, x2) = (Arc::clone(&log), x.clone());
+    let outcome = {
+        let (tx, rx) = mpsc::channel();
+        s.launch_host_func(Box::new(move || {
+            // The event before x's wait for s: reachable, so it waits.
+            let first = done_x.synchronize();
+            log2.lock().unwrap().push("event");
+            let _ = tx.send(first);
+            Ok(())
+        }))
+        .unwrap();
+        x2.wait_event(&s.record_new_event().unwrap()).unwrap();
+        rx.recv_timeout(Duration::from_secs(10)).expect("hung")
+    };
+    outcome.expect("an event queued before the cross wait is reachable");
+    assert_eq!(logged(&log), vec!["event"]);
+    // A host function synchronizing an independent busy stream waits for it.
+    let y = new_stream(ctx);
+    y.launch(sleep_kernel(30)).unwrap();
+    let y2 = y.clone();
+    from_host_function(&s, move || y2.synchronize()).expect("an independent stream can be waited for");
+    assert!(y.query());
+    s.synchronize().unwrap();
+    x.synchronize().unwrap();
+}
+test_device!(host_function_waits_that_can_end_still_wait);
+
+// --- `with stream:` blocks exited in any order -----------------------------------------------------
+
+fn stream_contexts_exited_out_of_order_leave_the_right_stream(ctx: &'static Arc<DeviceContext>) {
+    let _serial = serial();
+    thread::spawn(move || {
+        let default = current_stream(ctx).unwrap();
+        let (s1, s2, s3) = (new_stream(ctx), new_stream(ctx), new_stream(ctx));
+        let c1 = opbridge_runtime::enter_stream(s1.clone());
+        let c2 = opbridge_runtime::enter_stream(s2.clone());
+        c1.exit(); // out of order: s2's block is still open
+        assert_eq!(current_stream(ctx).unwrap(), s2);
+        c2.exit();
+        assert_eq!(current_stream(ctx).unwrap(), default, "nothing open: the stream from before");
+
+        // Three deep, the middle one first, then the outer, then the inner.
+        let c1 = opbridge_runtime::enter_stream(s1.clone());
+        let c2 = opbridge_runtime::enter_stream(s2.clone());
+        let c3 = opbridge_runtime::enter_stream(s3.clone());
+        c2.exit();
+        assert_eq!(current_stream(ctx).unwrap(), s3);
+        c1.exit();
+        assert_eq!(current_stream(ctx).unwrap(), s3);
+        c3.exit();
+        assert_eq!(current_stream(ctx).unwrap(), default);
+
+        // set_current_stream inside a block is undone by the block's exit.
+        let c1 = opbridge_runtime::enter_stream(s1.clone());
+        assert_eq!(set_current_stream(s3.clone()), Some(s1.clone()));
+        assert_eq!(current_stream(ctx).unwrap(), s3);
+        c1.exit();
+        assert_eq!(current_stream(ctx).unwrap(), default);
+
+        // A block exited on another thread (a generator resumed elsewhere) is closed here too.
+        let c1 = opbridge_runtime::enter_stream(s1.clone());
+        let c2 = opbridge_runtime::enter_stream(s2.clone());
+        thread::spawn(move || c2.exit()).join().unwrap();
+        assert_eq!(current_stream(ctx).unwrap(), s1);
+        c1.exit();
+        assert_eq!(current_stream(ctx).unwrap(), default);
+    })
+    .join()
+    .unwrap();
+}
+test_device!(stream_contexts_exited_out_of_order_leave_the_right_stream);

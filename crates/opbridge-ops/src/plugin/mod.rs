@@ -221,7 +221,9 @@ impl Library {
             }
         }
         for entry in &self.entries {
-            entry.wait_idle();
+            // From stream work, a call queued behind it fails the unload: the operators stay
+            // unregistered and the library is closed when the last of its calls has run.
+            entry.wait_idle()?;
         }
         self.handle.close()
     }

@@ -5,19 +5,30 @@
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
+use super::stream::Target;
 use crate::device::EventBackend;
 use crate::error::{Error, Result};
 
 /// One recorded point: done once the stream reaches it, with the time it did.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Point {
     reached: Mutex<Option<Instant>>,
     done: Condvar,
     /// Threads blocked in `wait`: completing wakes them (a system call) only when there are any.
     waiters: std::sync::atomic::AtomicUsize,
+    /// Where it is: the recording job of its stream (what a deadlock check follows).
+    pub(super) at: Target,
 }
 
 impl Point {
+    pub(super) fn new(at: Target) -> Point {
+        Point { reached: Mutex::new(None), done: Condvar::new(), waiters: Default::default(), at }
+    }
+
+    pub(super) fn is_reached(&self) -> bool {
+        self.lock().is_some()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
         self.reached.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -33,6 +44,8 @@ impl Point {
         }
     }
 
+    /// Blocks until the point is reached, unchecked: what a stream's `wait` job does (the user
+    /// ordered the streams; a cycle there hangs on every device, as it does in CUDA).
     pub(super) fn wait(&self) {
         let mut reached = self.lock();
         if reached.is_some() {
@@ -62,9 +75,9 @@ impl CpuEvent {
         self.current.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// A new point, made current; the recording stream completes it.
-    pub(super) fn begin_record(&self) -> Arc<Point> {
-        let point = Arc::new(Point::default());
+    /// A new point at `at`, made current; the recording stream completes it.
+    pub(super) fn begin_record(&self, at: Target) -> Arc<Point> {
+        let point = Arc::new(Point::new(at));
         *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&point));
         point
     }
@@ -77,10 +90,12 @@ impl CpuEvent {
 
 impl EventBackend for CpuEvent {
     fn synchronize(&self) -> Result<()> {
-        if let Some(point) = self.current() {
-            point.wait();
+        match self.current() {
+            // From a stream's worker (a host function) the wait is checked: one that could only
+            // end after the running work returns is refused instead of hanging.
+            Some(point) if !point.is_reached() => super::stream::blocking_wait(&point.at, "an event", || point.wait()),
+            _ => Ok(()),
         }
-        Ok(())
     }
 
     fn query(&self) -> bool {

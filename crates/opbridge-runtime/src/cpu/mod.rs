@@ -13,6 +13,7 @@ use crate::error::Result;
 use crate::ids::{DeviceId, DevicePtr};
 
 pub use event::CpuEvent;
+pub(crate) use stream::on_worker;
 pub use stream::CpuStream;
 
 /// The CPU device. Stateless: streams own their workers, the pool owns the memory.

@@ -1,9 +1,18 @@
 //! A CPU stream: a FIFO of host work served by one dedicated worker thread.
+//!
+//! Every job gets a number (1, 2, ... in queue order), so a point in a stream's work is
+//! `(stream, job)`: reached once the worker has finished that many jobs. A wait issued from a
+//! worker (a host function that synchronizes something) is checked before it blocks: if what it
+//! waits for can only be reached after the worker gets past the job it is running, directly or
+//! through `wait` jobs of other streams and other workers blocked the same way, the wait fails
+//! with a `Device` error instead of hanging. Threads that are not workers never pay for the check.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Sender};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
+use super::event::Point;
 use super::{memory, CpuEvent};
 use crate::device::{CopyKind, EventBackend, HostFn, StreamBackend};
 use crate::error::{AsyncError, Error, ErrorKind, Result};
@@ -12,15 +21,33 @@ use crate::ids::{DeviceId, DevicePtr};
 static NEXT_WORKER: AtomicU64 = AtomicU64::new(1);
 
 thread_local! {
-    /// On a stream's worker thread: that stream's number (0 elsewhere). A worker waiting for its
-    /// own queue would wait forever, so such waits are refused instead.
-    static SERVING: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// On a stream's worker thread: that stream's progress (unset elsewhere). What the deadlock
+    /// check of a blocking wait starts from.
+    static SERVING: std::cell::OnceCell<Arc<Progress>> = const { std::cell::OnceCell::new() };
 }
 
-/// Progress shared by the stream handle and its worker.
-#[derive(Debug, Default)]
-struct Progress {
-    /// Jobs handed to the worker (only the handle increments it).
+/// The progress of the stream whose worker is the calling thread, if it is one.
+fn serving() -> Option<Arc<Progress>> {
+    SERVING.try_with(|s| s.get().cloned()).ok().flatten()
+}
+
+/// True on a CPU stream's worker thread (inside a kernel or host function).
+pub(crate) fn on_worker() -> bool {
+    SERVING.try_with(|s| s.get().is_some()).unwrap_or(false)
+}
+
+/// A point in a stream's work: reached once `stream` has finished `job` jobs.
+#[derive(Debug, Clone)]
+pub(super) struct Target {
+    stream: Arc<Progress>,
+    job: u64,
+}
+
+/// Progress shared by the stream handle, its worker and the points recorded on it.
+#[derive(Debug)]
+pub(super) struct Progress {
+    name: String,
+    /// Jobs handed to the worker (only the handle increments it, under `jobs`' lock).
     submitted: AtomicU64,
     state: Mutex<Completed>,
     done: Condvar,
@@ -33,14 +60,82 @@ struct Completed {
     error: Option<AsyncError>,
     /// Threads blocked in `drain`: the worker wakes them (a system call) only when there are any.
     waiters: usize,
+    /// Queued `wait` jobs not yet finished, in job order: `(job, point waited for)`.
+    waits: VecDeque<(u64, Arc<Point>)>,
+    /// What the worker is blocked on inside its running job (a host function's checked wait).
+    blocked_on: Option<Target>,
+}
+
+impl Progress {
+    fn lock(&self) -> MutexGuard<'_, Completed> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Whether reaching `target` needs the worker of `serving` to get past the job it is running
+/// (the caller is that worker, so `serving` has finished exactly the jobs before it).
+fn needs_serving(target: &Target, serving: &Arc<Progress>) -> bool {
+    let mut todo = vec![target.clone()];
+    let mut seen: Vec<(*const Progress, u64)> = Vec::new();
+    while let Some(target) = todo.pop() {
+        let key = (Arc::as_ptr(&target.stream), target.job);
+        if seen.contains(&key) {
+            continue;
+        }
+        seen.push(key);
+        let state = target.stream.lock();
+        if state.count >= target.job {
+            continue; // reached
+        }
+        if Arc::ptr_eq(&target.stream, serving) {
+            return true; // at or after the running job
+        }
+        // The stream still has to run jobs `count + 1 ..= job`: the `wait` jobs among them, and
+        // whatever its worker is blocked on inside the running one, must be reached first.
+        for (_, point) in state.waits.iter().take_while(|(job, _)| *job <= target.job) {
+            if !point.is_reached() {
+                todo.push(point.at.clone());
+            }
+        }
+        todo.extend(state.blocked_on.clone());
+    }
+    false
+}
+
+/// Runs `wait` (a blocking wait for `target`) on behalf of the calling thread. On a stream's
+/// worker it first checks that `target` can be reached while the worker is blocked; if not, it
+/// returns a `Device` error naming `what` instead of blocking forever.
+pub(super) fn blocking_wait(target: &Target, what: &str, wait: impl FnOnce()) -> Result<()> {
+    let Some(serving) = serving() else {
+        wait();
+        return Ok(());
+    };
+    // Published before the check: of two workers starting to wait for each other at the same
+    // time, the second to take the other's lock sees the first one's wait.
+    serving.lock().blocked_on = Some(target.clone());
+    if needs_serving(target, &serving) {
+        serving.lock().blocked_on = None;
+        let message = if Arc::ptr_eq(&target.stream, &serving) && what == target.stream.name {
+            format!("cannot wait for {} from work running on it (a host function)", serving.name)
+        } else {
+            format!(
+                "cannot wait for {what} from work running on {} (a host function): it comes after \
+                 that work, directly or through other streams, so the wait would never end",
+                serving.name
+            )
+        };
+        return Err(Error::Device { device: DeviceId::CPU, message });
+    }
+    wait();
+    serving.lock().blocked_on = None;
+    Ok(())
 }
 
 /// Handle of a CPU stream. Dropping it lets the worker finish the queued work and exit.
 #[derive(Debug)]
 pub struct CpuStream {
-    number: u64,
-    name: String,
-    jobs: Sender<HostFn>,
+    /// The queue; its lock makes a job's number its place in the queue.
+    jobs: Mutex<Sender<HostFn>>,
     progress: Arc<Progress>,
 }
 
@@ -49,18 +144,27 @@ impl CpuStream {
         let number = NEXT_WORKER.fetch_add(1, Ordering::Relaxed);
         let name = format!("opbridge-cpu-stream-{number}");
         let (jobs, queue) = mpsc::channel::<HostFn>();
-        let progress = Arc::new(Progress::default());
+        let progress = Arc::new(Progress {
+            name: name.clone(),
+            submitted: AtomicU64::new(0),
+            state: Mutex::default(),
+            done: Condvar::new(),
+        });
         let worker_progress = Arc::clone(&progress);
         std::thread::Builder::new()
-            .name(name.clone())
+            .name(name)
             .spawn(move || {
-                SERVING.with(|s| s.set(number));
+                SERVING.with(|s| s.set(Arc::clone(&worker_progress))).ok();
                 for job in queue {
                     // A panicking kernel must not kill the stream: it becomes the stream's error.
                     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job))
                         .unwrap_or_else(|_| Err(AsyncError::new(ErrorKind::Internal, "kernel panicked")));
-                    let mut state = worker_progress.state.lock().unwrap_or_else(|p| p.into_inner());
+                    let mut state = worker_progress.lock();
                     state.count += 1;
+                    let count = state.count;
+                    while state.waits.front().is_some_and(|(job, _)| *job <= count) {
+                        state.waits.pop_front();
+                    }
                     if let Err(error) = outcome {
                         state.error.get_or_insert(error);
                     }
@@ -75,14 +179,20 @@ impl CpuStream {
                 device: DeviceId::CPU,
                 message: format!("cannot start stream worker: {e}"),
             })?;
-        Ok(CpuStream { number, name, jobs, progress })
+        Ok(CpuStream { jobs: Mutex::new(jobs), progress })
     }
 
     fn enqueue(&self, job: HostFn) -> Result<()> {
-        self.progress.submitted.fetch_add(1, Ordering::SeqCst);
-        self.jobs.send(job).map_err(|_| {
+        self.enqueue_numbered(|_| job)
+    }
+
+    /// Enqueues the job `make` builds from its number (its place in the queue).
+    fn enqueue_numbered(&self, make: impl FnOnce(u64) -> HostFn) -> Result<()> {
+        let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        let number = self.progress.submitted.fetch_add(1, Ordering::SeqCst) + 1;
+        jobs.send(make(number)).map_err(|_| {
             self.progress.submitted.fetch_sub(1, Ordering::SeqCst);
-            Error::Device { device: DeviceId::CPU, message: format!("{} has stopped", self.name) }
+            Error::Device { device: DeviceId::CPU, message: format!("{} has stopped", self.progress.name) }
         })
     }
 }
@@ -109,11 +219,13 @@ impl StreamBackend for CpuStream {
             device: DeviceId::CPU,
             message: "cannot record an event of another device on a CPU stream".into(),
         })?;
-        let point = cpu.begin_record();
-        self.enqueue(Box::new(move || {
-            point.complete();
-            Ok(())
-        }))
+        self.enqueue_numbered(|job| {
+            let point = cpu.begin_record(Target { stream: Arc::clone(&self.progress), job });
+            Box::new(move || {
+                point.complete();
+                Ok(())
+            })
+        })
     }
 
     fn wait(&self, event: &Arc<dyn EventBackend>) -> Result<()> {
@@ -123,42 +235,43 @@ impl StreamBackend for CpuStream {
                 message: "cannot wait on an event of another device on a CPU stream".into(),
             })?;
         match point {
-            Some(point) => self.enqueue(Box::new(move || {
-                point.wait();
-                Ok(())
-            })),
-            None => Ok(()), // never recorded: nothing to wait for
+            Some(point) if !point.is_reached() => self.enqueue_numbered(|job| {
+                // Listed until the job has run, for the deadlock checks of blocking waits.
+                self.progress.lock().waits.push_back((job, Arc::clone(&point)));
+                Box::new(move || {
+                    point.wait();
+                    Ok(())
+                })
+            }),
+            _ => Ok(()), // never recorded, or reached already: nothing to wait for
         }
     }
 
     fn synchronize(&self) -> Result<()> {
         self.drain()?;
-        let mut state = self.progress.state.lock().unwrap_or_else(|p| p.into_inner());
-        match state.error.take() {
-            Some(error) => Err(Error::Async { stream: self.name.clone(), error }),
+        match self.progress.lock().error.take() {
+            Some(error) => Err(Error::Async { stream: self.progress.name.clone(), error }),
             None => Ok(()),
         }
     }
 
     fn drain(&self) -> Result<()> {
-        if SERVING.with(|s| s.get()) == self.number {
-            return Err(Error::Device {
-                device: DeviceId::CPU,
-                message: format!("cannot wait for {} from work running on it (a host function)", self.name),
-            });
+        let target = Target { stream: Arc::clone(&self.progress), job: self.progress.submitted.load(Ordering::SeqCst) };
+        if self.progress.lock().count >= target.job {
+            return Ok(());
         }
-        let target = self.progress.submitted.load(Ordering::SeqCst);
-        let mut state = self.progress.state.lock().unwrap_or_else(|p| p.into_inner());
-        state.waiters += 1;
-        while state.count < target {
-            state = self.progress.done.wait(state).unwrap_or_else(|p| p.into_inner());
-        }
-        state.waiters -= 1;
-        Ok(())
+        blocking_wait(&target, &self.progress.name, || {
+            let mut state = self.progress.lock();
+            state.waiters += 1;
+            while state.count < target.job {
+                state = self.progress.done.wait(state).unwrap_or_else(|p| p.into_inner());
+            }
+            state.waiters -= 1;
+        })
     }
 
     fn query(&self) -> bool {
         let target = self.progress.submitted.load(Ordering::SeqCst);
-        self.progress.state.lock().unwrap_or_else(|p| p.into_inner()).count >= target
+        self.progress.lock().count >= target
     }
 }

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use super::pool::{MemoryPool, Quota};
 use crate::ids::DevicePtr;
-use crate::stream::{Stream, StreamId};
+use crate::stream::{Stream, StreamId, StreamUse};
 
 /// A block of pool memory owned by one tensor (or one numpy array on the convenience path).
 pub struct Buffer {
@@ -17,7 +17,8 @@ pub struct Buffer {
     /// The stream the block was allocated for: work on it is ordered with any later reuse.
     pub(super) stream: StreamId,
     /// Other streams that used the block; its reuse waits for them (no manual record_stream).
-    pub(super) used_on: Mutex<Vec<Stream>>,
+    /// Weak: a long-lived block must not keep a dropped stream (and its worker) alive.
+    pub(super) used_on: Mutex<Vec<StreamUse>>,
     /// The child pool whose quota this block counts against.
     pub(super) quota: Option<Arc<Quota>>,
 }
@@ -57,8 +58,10 @@ impl Buffer {
             return;
         }
         let mut used = self.used_on.lock().unwrap_or_else(|p| p.into_inner());
-        if !used.contains(stream) {
-            used.push(stream.clone());
+        if !used.iter().any(|u| u.id() == stream.id()) {
+            // Streams that are gone with all their work done need no event any more.
+            used.retain(StreamUse::may_be_busy);
+            used.push(stream.usage());
         }
     }
 }

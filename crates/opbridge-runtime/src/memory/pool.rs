@@ -19,7 +19,7 @@ use super::{round_up, ALIGNMENT};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::ids::DevicePtr;
-use crate::stream::{Event, Stream, StreamId, StreamRegistry};
+use crate::stream::{Event, StreamId, StreamRegistry, StreamUse};
 
 const MIN_BLOCK: usize = 512;
 const SMALL_REQUEST: usize = 1 << 20;
@@ -307,11 +307,13 @@ impl MemoryPool {
     }
 
     /// Returns a block. Called from `Buffer::drop`: never fails, never panics.
-    pub(super) fn release(&self, ptr: DevicePtr, used_on: Vec<Stream>) {
+    pub(super) fn release(&self, ptr: DevicePtr, used_on: Vec<StreamUse>) {
         let mut events = Vec::new();
         for stream in &used_on {
-            match stream.record_new_event() {
-                Ok(event) => events.push(event),
+            // `None`: the stream is gone and all its work is done.
+            match stream.record_new_event(self.device.as_ref()) {
+                Ok(None) => {}
+                Ok(Some(event)) => events.push(event),
                 // Without an event we cannot know when the other stream is done with the block,
                 // and waiting here could deadlock (this runs in Drop, maybe holding the GIL):
                 // the block is never reused, and the error surfaces at the next allocation.
