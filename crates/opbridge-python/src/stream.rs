@@ -63,11 +63,16 @@ impl PyStream {
         self.inner.id().0
     }
 
-    fn __enter__<'py>(slf: &Bound<'py, Self>) -> Bound<'py, Self> {
+    fn __enter__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, Self>> {
         let this = slf.get();
+        if this.inner.orphaned() {
+            // Made in the parent of a fork(): work enqueued on it would never run here.
+            let what = format!("stream #{}", this.inner.id().0);
+            return Err(crate::errors::device_error(opbridge_runtime::fork::orphaned_message(&what)));
+        }
         let previous = opbridge_runtime::stream::replace_current_stream(this.inner.device(), Some(this.inner.clone()));
         this.restore.lock().unwrap_or_else(|p| p.into_inner()).push((std::thread::current().id(), previous));
-        slf.clone()
+        Ok(slf.clone())
     }
 
     #[pyo3(signature = (*_args))]

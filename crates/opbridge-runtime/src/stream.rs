@@ -123,6 +123,12 @@ impl Stream {
     pub fn query(&self) -> bool {
         self.0.backend.query()
     }
+
+    /// True for a stream made before a `fork()` in a process that is now its child: its
+    /// worker stayed in the parent (see `crate::fork`); using it raises a device error.
+    pub fn orphaned(&self) -> bool {
+        self.0.backend.orphaned()
+    }
 }
 
 /// An event: records a point in a stream; waited on, queried, and timed.
@@ -228,12 +234,15 @@ impl StreamRegistry {
         }
     }
 
+    /// The streams of this process: those made before a `fork()` have no worker here and
+    /// nothing of theirs will run, so device-wide waits skip them (using one raises).
     fn backends(&self) -> Vec<Arc<dyn StreamBackend>> {
         let mut all: Vec<Arc<dyn StreamBackend>> = {
             let streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
             streams.iter().filter_map(Weak::upgrade).map(|s| Arc::clone(&s.backend)).collect()
         };
         all.extend(self.retired.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|(_, b)| Arc::clone(b)));
+        all.retain(|b| !b.orphaned());
         all
     }
 
@@ -267,10 +276,14 @@ thread_local! {
 }
 
 /// The calling thread's current stream on `ctx`'s device, created lazily: each host thread
-/// gets its own, so threads never serialize behind each other's work.
+/// gets its own, so threads never serialize behind each other's work. In the child of a
+/// `fork()`, a current stream inherited from the parent (whose worker stayed there) is
+/// replaced by a new one.
 pub fn current_stream(ctx: &DeviceContext) -> Result<Stream> {
     if let Some(stream) = CURRENT.with(|c| c.borrow().get(&ctx.id()).cloned()) {
-        return Ok(stream);
+        if !stream.0.backend.orphaned() {
+            return Ok(stream);
+        }
     }
     let stream = Stream::new(ctx)?;
     CURRENT.with(|c| c.borrow_mut().insert(ctx.id(), stream.clone()));

@@ -9,8 +9,10 @@ use crate::device::EventBackend;
 use crate::error::{Error, Result};
 
 /// One recorded point: done once the stream reaches it, with the time it did.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Point {
+    /// The fork generation it was recorded in: a later generation has no worker to reach it.
+    generation: u64,
     reached: Mutex<Option<Instant>>,
     done: Condvar,
     /// Threads blocked in `wait`: completing wakes them (a system call) only when there are any.
@@ -18,6 +20,23 @@ pub(super) struct Point {
 }
 
 impl Point {
+    fn new() -> Point {
+        Point {
+            generation: crate::fork::generation(),
+            reached: Mutex::new(None),
+            done: Condvar::new(),
+            waiters: Default::default(),
+        }
+    }
+
+    /// Recorded before a `fork()` and not reached then: the worker that would reach it stayed
+    /// in the parent, so it never completes here. Its lock may have been held by that worker at
+    /// the fork, so it is only tried.
+    pub(super) fn orphaned(&self) -> bool {
+        self.generation != crate::fork::generation()
+            && self.reached.try_lock().map_or(true, |reached| reached.is_none())
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
         self.reached.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -64,7 +83,7 @@ impl CpuEvent {
 
     /// A new point, made current; the recording stream completes it.
     pub(super) fn begin_record(&self) -> Arc<Point> {
-        let point = Arc::new(Point::default());
+        let point = Arc::new(Point::new());
         *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&point));
         point
     }
@@ -78,13 +97,19 @@ impl CpuEvent {
 impl EventBackend for CpuEvent {
     fn synchronize(&self) -> Result<()> {
         if let Some(point) = self.current() {
+            if point.orphaned() {
+                return Err(Error::Device {
+                    device: crate::device::DeviceId::CPU,
+                    message: crate::fork::orphaned_message("the work this event waits for"),
+                });
+            }
             point.wait();
         }
         Ok(())
     }
 
     fn query(&self) -> bool {
-        self.current().is_none_or(|p| p.time().is_some())
+        self.current().is_none_or(|p| !p.orphaned() && p.time().is_some())
     }
 
     fn elapsed_ms(&self, end: &dyn EventBackend) -> Result<f64> {

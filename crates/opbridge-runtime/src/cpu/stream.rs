@@ -39,6 +39,8 @@ struct Completed {
 #[derive(Debug)]
 pub struct CpuStream {
     number: u64,
+    /// The fork generation its worker was started in (`crate::fork`).
+    generation: u64,
     name: String,
     jobs: Sender<HostFn>,
     progress: Arc<Progress>,
@@ -46,6 +48,7 @@ pub struct CpuStream {
 
 impl CpuStream {
     pub(super) fn spawn() -> Result<CpuStream> {
+        let generation = crate::fork::generation();
         let number = NEXT_WORKER.fetch_add(1, Ordering::Relaxed);
         let name = format!("opbridge-cpu-stream-{number}");
         let (jobs, queue) = mpsc::channel::<HostFn>();
@@ -75,10 +78,22 @@ impl CpuStream {
                 device: DeviceId::CPU,
                 message: format!("cannot start stream worker: {e}"),
             })?;
-        Ok(CpuStream { number, name, jobs, progress })
+        Ok(CpuStream { number, generation, name, jobs, progress })
+    }
+
+    /// The error for a stream whose worker stayed in the parent process of a `fork()`.
+    fn refuse_orphaned(&self) -> Result<()> {
+        if self.orphaned() {
+            return Err(Error::Device {
+                device: DeviceId::CPU,
+                message: crate::fork::orphaned_message(&format!("stream {}", self.name)),
+            });
+        }
+        Ok(())
     }
 
     fn enqueue(&self, job: HostFn) -> Result<()> {
+        self.refuse_orphaned()?;
         self.progress.submitted.fetch_add(1, Ordering::SeqCst);
         self.jobs.send(job).map_err(|_| {
             self.progress.submitted.fetch_sub(1, Ordering::SeqCst);
@@ -109,6 +124,8 @@ impl StreamBackend for CpuStream {
             device: DeviceId::CPU,
             message: "cannot record an event of another device on a CPU stream".into(),
         })?;
+        // Before the new point: a point no worker will complete must never become current.
+        self.refuse_orphaned()?;
         let point = cpu.begin_record();
         self.enqueue(Box::new(move || {
             point.complete();
@@ -123,6 +140,10 @@ impl StreamBackend for CpuStream {
                 message: "cannot wait on an event of another device on a CPU stream".into(),
             })?;
         match point {
+            Some(point) if point.orphaned() => Err(Error::Device {
+                device: DeviceId::CPU,
+                message: crate::fork::orphaned_message("the work this event waits for"),
+            }),
             Some(point) => self.enqueue(Box::new(move || {
                 point.wait();
                 Ok(())
@@ -133,6 +154,7 @@ impl StreamBackend for CpuStream {
 
     fn synchronize(&self) -> Result<()> {
         self.drain()?;
+        // `drain` refused an orphaned stream, so the worker of this process owns the lock.
         let mut state = self.progress.state.lock().unwrap_or_else(|p| p.into_inner());
         match state.error.take() {
             Some(error) => Err(Error::Async { stream: self.name.clone(), error }),
@@ -141,6 +163,7 @@ impl StreamBackend for CpuStream {
     }
 
     fn drain(&self) -> Result<()> {
+        self.refuse_orphaned()?;
         if SERVING.with(|s| s.get()) == self.number {
             return Err(Error::Device {
                 device: DeviceId::CPU,
@@ -158,7 +181,16 @@ impl StreamBackend for CpuStream {
     }
 
     fn query(&self) -> bool {
+        if self.orphaned() {
+            // Nothing queued on it will ever run here: it is as done as it will get. (Its lock
+            // may have been held by the parent's worker at the fork: never taken here.)
+            return true;
+        }
         let target = self.progress.submitted.load(Ordering::SeqCst);
         self.progress.state.lock().unwrap_or_else(|p| p.into_inner()).count >= target
+    }
+
+    fn orphaned(&self) -> bool {
+        self.generation != crate::fork::generation()
     }
 }
