@@ -456,3 +456,14 @@ def test_a_library_built_for_abi_1_is_refused(tmp_path: Path) -> None:
     )
     with pytest.raises(ob.OpBridgeError, match="built for plugin ABI 1, this opbridge speaks 2.*rebuild"):
         ob.load_library(cc(old, tmp_path / "libabi1.so"))
+
+
+def test_plugin_crash_hazard_is_documented_where_authors_and_users_read():
+    # A crashing plugin kernel cannot be caught in-process: the docs must say so and say how to find it.
+    from pathlib import Path
+
+    header = (Path(ob.get_include()) / "opbridge" / "plugin.h").read_text()
+    readme = Path(__file__).resolve().parents[1].joinpath("README.md").read_text()
+    for text in (ob.load_library.__doc__, ob.Library.__doc__, header, readme):
+        assert text and "faulthandler" in text and "subprocess" in text
+        assert "doctor --plugin" in text and "planned" in text
