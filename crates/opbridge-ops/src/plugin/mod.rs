@@ -718,3 +718,19 @@ impl PluginOp {
         result::check(self.name(), status, &err)
     }
 }
+
+#[cfg(test)]
+mod elf_tests {
+    use super::elf_fits;
+
+    #[test]
+    fn a_truncated_elf_file_is_refused_and_a_whole_one_passes() {
+        let whole = std::fs::read("/proc/self/exe").expect("the test binary");
+        assert_eq!(elf_fits(&whole), Ok(()));
+        for keep in [whole.len() / 2, whole.len() - 1, 100, 5] {
+            let err = elf_fits(&whole[..keep]).expect_err("truncated");
+            assert!(err.contains("truncated") || err.contains("malformed"), "{err}");
+        }
+        assert_eq!(elf_fits(b"not an elf file"), Ok(()), "left to the loader, which refuses it cleanly");
+    }
+}
