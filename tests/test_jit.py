@@ -141,3 +141,159 @@ def test_invalid_arguments(tmp_path: Path) -> None:
         ob.jit.compile(source(), "scale", lang="fortran", cache_dir=tmp_path)
     with pytest.raises(ValueError, match="name"):
         ob.jit.compile(source(), "../escape", cache_dir=tmp_path)
+
+
+# A damaged cache entry is compiled again, never loaded: loading a truncated or overwritten library
+# can kill the interpreter (SIGBUS/SIGSEGV), so every probe runs in its own process.
+PROBE = """
+import json, logging, sys
+import numpy as np
+import opbridge as ob
+logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+with ob.jit.compile(sys.argv[1], "scale", cache_dir=sys.argv[2]) as lib:
+    y = ob.ops.jit_scale(np.arange(4.0))
+    print(json.dumps({"cached": lib.cached, "y": y.tolist()}))
+"""
+
+
+def probe(folder: Path, src: str | None = None) -> dict:
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, src or source(), str(folder)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, f"probe died (status {done.returncode}): {done.stderr[-2000:]}"
+    return {**json.loads(done.stdout), "log": done.stderr}
+
+
+def _truncate_half(lib: Path) -> None:
+    data = lib.read_bytes()
+    lib.write_bytes(data[: len(data) // 2])
+
+
+def _truncate_in_place(lib: Path) -> None:
+    os.truncate(lib, 200)
+
+
+def _overwrite_same_size(lib: Path) -> None:
+    lib.write_bytes(b"\x7fELF" + b"\x00" * (lib.stat().st_size - 4))
+
+
+def _flip_bytes_in_the_middle(lib: Path) -> None:
+    data = bytearray(lib.read_bytes())
+    for i in range(len(data) // 3, len(data) // 3 + 64):
+        data[i] ^= 0xFF
+    lib.write_bytes(bytes(data))
+
+
+def _empty(lib: Path) -> None:
+    lib.write_bytes(b"")
+
+
+def _record_missing(lib: Path) -> None:
+    Path(str(lib) + ".sha256").unlink()
+
+
+def _record_wrong(lib: Path) -> None:
+    Path(str(lib) + ".sha256").write_text("0" * 64 + " 1\n")
+
+
+def _record_garbage(lib: Path) -> None:
+    Path(str(lib) + ".sha256").write_bytes(b"\xff\xfe garbage")
+
+
+def _record_is_a_directory(lib: Path) -> None:
+    record = Path(str(lib) + ".sha256")
+    record.unlink()
+    (record / "inner").mkdir(parents=True)
+
+
+def _library_is_a_directory(lib: Path) -> None:
+    lib.unlink()
+    (lib / "inner").mkdir(parents=True)
+
+
+def _library_is_a_symlink(lib: Path) -> None:
+    real = lib.with_name("elsewhere.bin")
+    lib.rename(real)
+    lib.symlink_to(real)
+
+
+def _truncated_with_matching_record(lib: Path) -> None:
+    # Someone truncated the library and "fixed" the record to match: not an ELF library any more, the
+    # loader refuses it cleanly and the entry is compiled again.
+    import hashlib
+
+    _truncate_half(lib)
+    data = lib.read_bytes()
+    Path(str(lib) + ".sha256").write_text(f"{hashlib.sha256(data).hexdigest()} {len(data)}\n")
+
+
+DAMAGE = [
+    _truncate_half,
+    _truncate_in_place,
+    _overwrite_same_size,
+    _flip_bytes_in_the_middle,
+    _empty,
+    _record_missing,
+    _record_wrong,
+    _record_garbage,
+    _record_is_a_directory,
+    _library_is_a_directory,
+    _library_is_a_symlink,
+    _truncated_with_matching_record,
+]
+
+
+@pytest.mark.parametrize("damage", DAMAGE, ids=[d.__name__.strip("_") for d in DAMAGE])
+def test_a_damaged_cache_entry_is_compiled_again(tmp_path: Path, damage) -> None:
+    first = probe(tmp_path)
+    assert first["cached"] is False and first["y"] == [0.0, 2.0, 4.0, 6.0]
+    [lib] = libraries(tmp_path)
+    damage(lib)
+    again = probe(tmp_path)
+    assert again["y"] == [0.0, 2.0, 4.0, 6.0]
+    assert again["cached"] is False and "compiling again" in again["log"], again["log"]
+    # Repaired: the next call is a verified cache hit.
+    assert probe(tmp_path)["cached"] is True
+    assert lib.is_file() and not lib.is_symlink()
+    assert not [p for p in tmp_path.iterdir() if ".tmp" in p.name or p.suffix == ".lock"]
+
+
+def test_concurrent_compiles_of_one_source_compile_once(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    src = source(7)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", PROBE, src, str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(4)
+    ]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [e[-1000:] for _, e in outs]
+    assert sum("compiled scale" in err for _, err in outs) == 1, [err for _, err in outs]
+    assert len(libraries(tmp_path)) == 1
+    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".sha256", ".so"]
+
+
+@pytest.mark.parametrize("keep", [0.9, 0.5, 0.1])
+def test_load_library_refuses_a_truncated_library_instead_of_crashing(tmp_path: Path, keep: float) -> None:
+    import subprocess
+    import sys
+
+    probe(tmp_path)
+    [lib] = libraries(tmp_path)
+    data = lib.read_bytes()
+    cut = tmp_path / "cut.so"
+    cut.write_bytes(data[: int(len(data) * keep)])
+    code = (
+        "import sys, opbridge as ob\n"
+        "try:\n    ob.load_library(sys.argv[1])\nexcept ob.OpBridgeError as e:\n    print('refused:', e)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(cut)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, f"died with status {done.returncode}: {done.stderr[-1000:]}"
+    assert "refused:" in done.stdout and "not a loadable shared library" in done.stdout, done.stdout

@@ -515,3 +515,14 @@ def test_unload_from_a_host_function(c_plugin: Path, stream: str, extra: str, ex
     first, second = done.stdout.strip().splitlines()
     assert first.startswith(expected), first
     assert second == "unregistered"
+
+
+def test_plugin_crash_hazard_is_documented_where_authors_and_users_read():
+    # A crashing plugin kernel cannot be caught in-process: the docs must say so and say how to find it.
+    from pathlib import Path
+
+    header = (Path(ob.get_include()) / "opbridge" / "plugin.h").read_text()
+    readme = Path(__file__).resolve().parents[1].joinpath("README.md").read_text()
+    for text in (ob.load_library.__doc__, ob.Library.__doc__, header, readme):
+        assert text and "faulthandler" in text and "subprocess" in text
+        assert "doctor --plugin" in text and "planned" in text

@@ -17,8 +17,14 @@ The cache key is the SHA-256 of the source, the language, the compiler's resolve
 ``--version`` output, the flags, the plugin ABI version and the header itself (like CuPy's kernel
 cache): change any of them and the library is compiled again. Files live in
 ``$OPBRIDGE_CACHE_DIR/jit``, else ``$XDG_CACHE_HOME/opbridge/jit``, else
-``~/.cache/opbridge/jit``, and are written atomically (a temporary file, then a rename), so
-concurrent processes never see a partial library. Delete the folder to clear the cache.
+``~/.cache/opbridge/jit``. Each library ``<key>.so`` has a record ``<key>.so.sha256`` beside it
+with the SHA-256 and size of its bytes. Both are written atomically (a temporary file in the same
+folder, fsync, rename), and a cached library is loaded only after its bytes match its record: an
+entry that is truncated, overwritten, empty, missing its record, or not a plain file (a directory,
+a symlink) is deleted and compiled again (logged as a warning), never handed to the dynamic
+loader, where a damaged library can crash the process. Processes compiling the same source at once
+take turns on a lock file (``<key>.lock``, removed after), so one compiles and the others load its result. Delete
+the folder to clear the cache.
 
 Compiler errors raise ``JitCompileError`` with the compiler's message. Log records (logger
 ``opbridge.jit``) say whether each call compiled or hit the cache.
@@ -26,16 +32,18 @@ Compiler errors raise ``JitCompileError`` with the compiler's message. Log recor
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from . import tuning
@@ -131,8 +139,125 @@ def _cache_key(source: str, lang: str, compiler: str, version: str, flags: Seque
     return h.hexdigest()
 
 
+def _record_path(target: Path) -> Path:
+    return target.with_name(target.name + ".sha256")
+
+
+def _digest(path: str | Path) -> tuple[str, int]:
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+            size += len(chunk)
+    return h.hexdigest(), size
+
+
+def _fsync_dir(folder: Path) -> None:
+    with contextlib.suppress(OSError):  # not every file system lets a folder be opened or synced
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _remove(path: Path) -> None:
+    """Removes whatever is at ``path`` (file, symlink or folder); nothing there is fine."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(mode):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def _verify(target: Path) -> str | None:
+    """Why the cache entry at ``target`` cannot be loaded ("missing" when there is none), or None
+    when its bytes match its record."""
+    try:
+        st = os.lstat(target)
+    except FileNotFoundError:
+        return "missing"
+    except OSError as e:
+        return f"cannot stat it: {e}"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a plain file"
+    if st.st_size == 0:
+        return "empty"
+    record = _record_path(target)
+    try:
+        if not stat.S_ISREG(os.lstat(record).st_mode):
+            return "its record is not a plain file"
+        expected = record.read_text(encoding="ascii").split()
+    except FileNotFoundError:
+        return "its record (.sha256) is missing"
+    except (OSError, ValueError) as e:
+        return f"its record is unreadable: {e}"
+    try:
+        digest, size = _digest(target)
+    except OSError as e:
+        return f"unreadable: {e}"
+    if expected != [digest, str(size)]:
+        return "its bytes do not match its record (truncated or overwritten)"
+    return None
+
+
+def _write_record(target: Path, digest: str, size: int) -> None:
+    record = _record_path(target)
+    fd, tmp = tempfile.mkstemp(prefix=f".{record.name}.", suffix=".tmp", dir=record.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="ascii") as f:
+            f.write(f"{digest} {size}\n")
+            f.flush()
+            os.fsync(f.fileno())
+        if os.path.isdir(record) and not os.path.islink(record):
+            _remove(record)
+        os.replace(tmp, record)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+@contextlib.contextmanager
+def _locked(target: Path) -> Iterator[None]:
+    """Holds ``<key>.lock`` (an exclusive ``flock``) so one process compiles a key at a time; the
+    lock file is removed on the way out, so a lock whose file is no longer the one at the path
+    (removed by the holder before us) is retried on the new file."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): the atomic renames still keep every entry whole
+        yield
+        return
+    lock = target.with_name(target.stem + ".lock")
+    while True:
+        if os.path.isdir(lock) and not os.path.islink(lock):
+            _remove(lock)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                same = os.path.samestat(os.fstat(fd), os.stat(lock, follow_symlinks=False))
+            except FileNotFoundError:
+                same = False
+            if not same:
+                continue  # the holder removed this file: lock the one there now
+            try:
+                yield
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(lock)  # still holding it: later comers see the file change
+            return
+        finally:
+            os.close(fd)  # closing releases the lock
+
+
 def _build(source: str, name: str, lang: str, compiler: str, flags: Sequence[str], target: Path) -> None:
-    """Compiles into a temporary file beside ``target`` and renames it into place."""
+    """Compiles into a temporary file beside ``target``, syncs it, writes its record, and renames
+    it into place (the record first: a library in place always has its record)."""
     ext = _LANGS[lang][0]
     fd, tmp = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".tmp" + _SUFFIX, dir=target.parent)
     os.close(fd)
@@ -156,7 +281,15 @@ def _build(source: str, name: str, lang: str, compiler: str, flags: Sequence[str
                 )
             if done.stderr.strip():
                 log.debug("compiler output for %s:\n%s", name, done.stderr.strip())
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+            digest, size = _digest(tmp)
+            if size == 0:
+                raise JitCompileError(f"compiling {name!r} produced an empty library", command=command)
+            _write_record(target, digest, size)
+            _remove(target)  # a directory (or anything else) in the library's place
             os.replace(tmp, target)
+            _fsync_dir(target.parent)
             log.info("compiled %s -> %s in %.2f s", name, target, time.perf_counter() - t0)
     finally:
         if os.path.exists(tmp):
@@ -204,20 +337,32 @@ def compile(
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / f"{key}{_SUFFIX}"
 
-    cached = target.is_file()
+    # Only a library whose bytes match its record reaches the dynamic loader: loading a truncated
+    # or overwritten one can crash the process (SIGBUS/SIGSEGV) before any error is possible.
+    cached = _verify(target) is None
+    if not cached:
+        with _locked(target):
+            problem = _verify(target)  # another process may have compiled it meanwhile
+            cached = problem is None
+            if not cached:
+                if problem != "missing":
+                    log.warning("cached %s is damaged (%s); compiling again", target, problem)
+                _remove(target)
+                _remove(_record_path(target))
+                _build(source, name, lang, compiler_path, flags, target)
     if cached:
         log.info("cache hit for %s: %s", name, target)
-    else:
-        _build(source, name, lang, compiler_path, flags, target)
     try:
         lib = JitLibrary(str(target))
     except OpBridgeError as e:
         if not cached or "not a loadable shared library" not in str(e):
             raise
-        # A damaged cache entry (e.g. a disk that filled up): compile it again, once.
-        log.warning("cached %s is damaged (%s); compiling again", target, e)
-        target.unlink(missing_ok=True)
-        _build(source, name, lang, compiler_path, flags, target)
+        # Verified yet not loadable (e.g. a library from another machine's compiler with the
+        # same path and version): compile it again, once.
+        log.warning("cached %s is not loadable (%s); compiling again", target, e)
+        with _locked(target):
+            _remove(target)
+            _build(source, name, lang, compiler_path, flags, target)
         lib, cached = JitLibrary(str(target)), False
     lib.name = name
     lib.key = key

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import os
+import struct
+import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -55,16 +57,58 @@ def calibrate(save: bool = True) -> dict[str, int]:
     return measured
 
 
-def _load_saved() -> None:
-    path = thresholds_path()
+# The keys of the thresholds file and the largest value each may hold (a native ``usize``).
+_KEYS = ("elementwise_parallel_min_elems", "matmul_parallel_min_flops", "transcendental_parallel_min_elems")
+_MAX = 2 ** (8 * struct.calcsize("P")) - 1
+
+
+def _warn(message: str) -> None:
+    """A ``RuntimeWarning`` about the thresholds file. Never fails the import: where warnings are
+    turned into errors (``-W error``), the message goes to stderr instead."""
     try:
-        saved = json.loads(path.read_text())
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+    except Warning:
+        print(message, file=sys.stderr)
+
+
+def _load_saved() -> None:
+    """Applies the saved thresholds, if any. Anything wrong with the file (unreadable, not JSON,
+    not an object, an unknown key, a value that is not a positive integer that fits) is a
+    ``RuntimeWarning`` and that value keeps its default: never an import failure."""
+    try:
+        path = thresholds_path()
+        text = path.read_text()
     except FileNotFoundError:
         return
-    except (OSError, ValueError) as e:
-        warnings.warn(f"opbridge: ignoring unreadable thresholds file {path}: {e}", RuntimeWarning, stacklevel=2)
+    except (OSError, ValueError, RuntimeError) as e:  # a directory, no permission, bad bytes, no home
+        _warn(f"opbridge: ignoring unreadable thresholds file: {e}")
         return
-    if isinstance(saved, dict) and all(isinstance(v, int) and v > 0 for v in saved.values()):
-        _native.set_thresholds(saved)
-    else:
-        warnings.warn(f"opbridge: ignoring malformed thresholds file {path}", RuntimeWarning, stacklevel=2)
+    try:
+        saved = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        _warn(f"opbridge: ignoring unreadable thresholds file {path}: {e}")
+        return
+    if not isinstance(saved, dict):
+        _warn(f"opbridge: ignoring malformed thresholds file {path}: not a JSON object")
+        return
+    good: dict[str, int] = {}
+    for key, value in saved.items():
+        if key not in _KEYS:
+            _warn(f"opbridge: ignoring unknown key {key!r} in thresholds file {path}")
+        elif type(value) is not int or not 1 <= value <= _MAX:
+            _warn(
+                f"opbridge: ignoring malformed thresholds file {path} entry {key!r}: "
+                f"{_short(value)} is not an integer from 1 to {_MAX}; the default is kept"
+            )
+        else:
+            good[key] = value
+    if good:
+        try:
+            _native.set_thresholds(good)
+        except Exception as e:  # noqa: BLE001  (a value the native side refuses: keep the defaults)
+            _warn(f"opbridge: ignoring thresholds file {path}: {e}")
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -16,6 +16,9 @@ use pyo3::prelude::*;
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // Before any thread starts: a child forked from here replaces the stream workers and the
+    // compute pool it needs instead of waiting for the parent's (opbridge_runtime::fork).
+    opbridge_runtime::fork::register();
     errors::register(m)?;
     m.add_class::<tensor::PyTensor>()?;
     m.add_class::<stream::PyStream>()?;

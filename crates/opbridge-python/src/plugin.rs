@@ -12,6 +12,14 @@ use crate::errors::to_pyerr;
 ///
 /// Its operators stay registered until ``unload()`` (or the end of a ``with`` block); dropping
 /// the object does not unload them.
+///
+/// **A crashing plugin kills the process.** Its code runs in this process with no isolation: a
+/// segfault, abort or stray write in ``opbridge_plugin_init``, ``infer`` or a kernel ends the
+/// interpreter at once (no exception, no cleanup). Run with ``python -X faulthandler`` to get
+/// every thread's Python stack at the crash (the last frame is the ``ob.ops.<name>(...)`` call
+/// that entered the plugin); load and exercise an untrusted library in a subprocess first and
+/// read its exit status (negative: killed by a signal). An ``opbridge doctor --plugin`` command
+/// that does this is planned, not yet available. See ``opbridge/plugin.h``.
 #[pyclass(name = "Library", module = "opbridge", subclass)]
 #[derive(Debug)]
 pub struct PyLibrary {
@@ -110,9 +118,18 @@ impl PyLibrary {
 /// Each load maps a private copy of the file, so loading again after rebuilding the file at the
 /// same path runs the new code (unload the old library first: a name + version registers once).
 ///
+/// **A crashing plugin kills the process.** Its code runs in this process with no isolation: a
+/// segfault, abort or stray write in ``opbridge_plugin_init``, ``infer`` or a kernel ends the
+/// interpreter at once (no exception, no cleanup). Run with ``python -X faulthandler`` to get
+/// every thread's Python stack at the crash (the last frame is the ``ob.ops.<name>(...)`` call
+/// that entered the plugin); load and exercise an untrusted library in a subprocess first and
+/// read its exit status (negative: killed by a signal). An ``opbridge doctor --plugin`` command
+/// that does this is planned, not yet available. See ``opbridge/plugin.h``.
+///
 /// Raises:
 ///     OpBridgeError: the file is missing or not a shared library, does not export
-///         ``opbridge_plugin_init``, was built for another plugin ABI version, declares a
+///         ``opbridge_plugin_init``, is truncated (its headers point past its end), was built for
+///         another plugin ABI version, declares a
 ///         malformed operator, or an operator's name + version is registered already. Nothing
 ///         of the library stays registered then.
 #[pyfunction]

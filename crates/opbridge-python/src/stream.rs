@@ -71,11 +71,16 @@ impl PyStream {
         self.inner.id().0
     }
 
-    fn __enter__<'py>(slf: &Bound<'py, Self>) -> Bound<'py, Self> {
+    fn __enter__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, Self>> {
         let this = slf.get();
+        if this.inner.orphaned() {
+            // Made in the parent of a fork(): work enqueued on it would never run here.
+            let what = format!("stream #{}", this.inner.id().0);
+            return Err(crate::errors::device_error(opbridge_runtime::fork::orphaned_message(&what)));
+        }
         let context = opbridge_runtime::enter_stream(this.inner.clone());
         this.entered.lock().unwrap_or_else(|p| p.into_inner()).push(context);
-        slf.clone()
+        Ok(slf.clone())
     }
 
     /// Exits the innermost block this thread entered on this object; a block entered on another

@@ -82,6 +82,13 @@ pub trait StreamBackend: Send + Sync + fmt::Debug {
 
     /// True when all work enqueued so far is done.
     fn query(&self) -> bool;
+
+    /// True for a stream made before a `fork()` that this process did not make: its worker is
+    /// not here, so nothing queued on it will run in this process (see `crate::fork`).
+    /// Device-wide waits skip such streams; using one directly raises a device error.
+    fn orphaned(&self) -> bool {
+        false
+    }
 }
 
 /// A device event: a point in a stream's work, for ordering, waiting and timing.

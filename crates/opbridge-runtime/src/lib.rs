@@ -5,6 +5,7 @@ pub mod cpu;
 pub mod device;
 pub mod dtype;
 pub mod error;
+pub mod fork;
 pub mod ids;
 pub mod memory;
 pub mod pipeline;
@@ -35,8 +36,9 @@ pub struct DeviceContext {
     streams: Arc<StreamRegistry>,
     pool: Arc<MemoryPool>,
     pinned: Arc<MemoryPool>,
-    /// H2D, compute and D2H streams of the staged numpy path, made on first use.
-    pipeline: OnceLock<[Stream; 3]>,
+    /// H2D, compute and D2H streams of the staged numpy path, made on first use (and again in
+    /// the child of a `fork()`, where the parent's have no workers).
+    pipeline: std::sync::Mutex<Option<[Stream; 3]>>,
 }
 
 impl std::fmt::Debug for StreamRegistry {
@@ -52,7 +54,7 @@ impl DeviceContext {
         let pinned = Arc::new(MemoryPool::new(Arc::clone(&device), Source::Pinned, Arc::clone(&streams)));
         streams.add_pool(&pool);
         streams.add_pool(&pinned);
-        DeviceContext { device, streams, pool, pinned, pipeline: OnceLock::new() }
+        DeviceContext { device, streams, pool, pinned, pipeline: std::sync::Mutex::new(None) }
     }
 
     /// The context of a device. `cpu:0` always exists; accelerator backends register here when
@@ -60,7 +62,10 @@ impl DeviceContext {
     pub fn get(id: DeviceId) -> Result<&'static Arc<DeviceContext>> {
         static CPU: OnceLock<Arc<DeviceContext>> = OnceLock::new();
         if id == DeviceId::CPU {
-            return Ok(CPU.get_or_init(|| Arc::new(DeviceContext::new(Arc::new(cpu::CpuDevice)))));
+            return Ok(CPU.get_or_init(|| {
+                fork::register();
+                Arc::new(DeviceContext::new(Arc::new(cpu::CpuDevice)))
+            }));
         }
         Err(Error::Unavailable { device: id, reason: "this build has only the cpu:0 device".into() })
     }
@@ -95,11 +100,13 @@ impl DeviceContext {
 
     /// The three streams of the staged (H2D / compute / D2H) pipeline.
     pub fn pipeline_streams(&self) -> Result<[Stream; 3]> {
-        if let Some(streams) = self.pipeline.get() {
+        let mut pipeline = self.pipeline.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(streams) = pipeline.as_ref().filter(|s| !s.iter().any(Stream::orphaned)) {
             return Ok(streams.clone());
         }
         let made = [Stream::new(self)?, Stream::new(self)?, Stream::new(self)?];
-        Ok(self.pipeline.get_or_init(|| made).clone())
+        *pipeline = Some(made.clone());
+        Ok(made)
     }
 
     /// Waits for all work on all streams of this device.

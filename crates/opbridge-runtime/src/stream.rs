@@ -127,6 +127,12 @@ impl Stream {
         self.0.backend.query()
     }
 
+    /// True for a stream made before a `fork()` in a process that is now its child: its
+    /// worker stayed in the parent (see `crate::fork`); using it raises a device error.
+    pub fn orphaned(&self) -> bool {
+        self.0.backend.orphaned()
+    }
+
     /// A record of this stream's use of something (a pool block) that does not keep the stream
     /// alive: see [`StreamUse`].
     pub fn usage(&self) -> StreamUse {
@@ -154,11 +160,16 @@ impl StreamUse {
     }
 
     /// Records a new event at the current end of the stream on `device` (the stream's device);
-    /// `None` when the stream is gone with all its work done.
+    /// `None` when the stream is gone with all its work done, or, in the child of a `fork()`,
+    /// is the parent's: its queued work never runs in this process, so nothing here can still
+    /// touch what it used (recording on it would raise and poison the pool's next allocation).
     pub fn record_new_event(&self, device: &dyn Device) -> Result<Option<Event>> {
         // The registry holds a dropped stream's backend until its work is done, so a failed
         // upgrade means nothing queued on it can still be running.
         let Some(backend) = self.backend.upgrade() else { return Ok(None) };
+        if backend.orphaned() {
+            return Ok(None);
+        }
         let event = Event::from_device(device)?;
         backend.record(&event.backend)?;
         Ok(Some(event))
@@ -268,12 +279,15 @@ impl StreamRegistry {
         }
     }
 
+    /// The streams of this process: those made before a `fork()` have no worker here and
+    /// nothing of theirs will run, so device-wide waits skip them (using one raises).
     fn backends(&self) -> Vec<Arc<dyn StreamBackend>> {
         let mut all: Vec<Arc<dyn StreamBackend>> = {
             let streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
             streams.iter().filter_map(Weak::upgrade).map(|s| Arc::clone(&s.backend)).collect()
         };
         all.extend(self.retired.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|(_, b)| Arc::clone(b)));
+        all.retain(|b| !b.orphaned());
         all
     }
 
@@ -330,6 +344,22 @@ impl Current {
         }
     }
 
+    /// Puts `stream` wherever this thread has no usable stream: the base when unset, and, in the
+    /// child of a `fork()`, the base and every open block whose stream is the parent's (its
+    /// worker stayed there). One new stream serves them all, so exiting the blocks the parent
+    /// entered neither starts more workers nor falls back on a stream that cannot run.
+    fn replace_orphaned(&mut self, stream: &Stream) {
+        let slots = std::iter::once(&mut self.base).chain(self.entered.iter_mut().map(|e| &mut e.stream));
+        for slot in slots {
+            if slot.as_ref().is_some_and(Stream::orphaned) {
+                *slot = Some(stream.clone());
+            }
+        }
+        if self.base.is_none() {
+            self.base = Some(stream.clone());
+        }
+    }
+
     /// The slot that `set_current_stream` replaces: the innermost open `with`, or the base.
     fn slot(&mut self) -> &mut Option<Stream> {
         self.prune();
@@ -346,18 +376,20 @@ thread_local! {
 }
 
 /// The calling thread's current stream on `ctx`'s device, created lazily: each host thread
-/// gets its own, so threads never serialize behind each other's work.
+/// gets its own, so threads never serialize behind each other's work. In the child of a
+/// `fork()`, a current stream inherited from the parent (whose worker stayed there) is
+/// replaced by a new one.
 pub fn current_stream(ctx: &DeviceContext) -> Result<Stream> {
     let found = CURRENT.with(|c| {
         let mut c = c.borrow_mut();
         let current = c.get_mut(&ctx.id())?;
         current.slot().clone().or_else(|| current.base.clone())
     });
-    if let Some(stream) = found {
+    if let Some(stream) = found.filter(|s| !s.orphaned()) {
         return Ok(stream);
     }
     let stream = Stream::new(ctx)?;
-    CURRENT.with(|c| c.borrow_mut().entry(ctx.id()).or_default().base = Some(stream.clone()));
+    CURRENT.with(|c| c.borrow_mut().entry(ctx.id()).or_default().replace_orphaned(&stream));
     Ok(stream)
 }
 

@@ -197,10 +197,12 @@ pub unsafe fn batched_matmul(a: &TensorView, b: &TensorView, out: &TensorView) -
         && flops.saturating_mul(batches) >= BATCHED_MATMUL_PARALLEL_MIN_FLOPS
     {
         // Many small products: one thread each, batches in parallel.
-        let per_task =
-            (BATCHED_MATMUL_PARALLEL_MIN_FLOPS / flops.max(1)).clamp(1, batches.div_ceil(rayon::current_num_threads()));
-        let tasks = batches.div_ceil(per_task);
-        (0..tasks).into_par_iter().for_each(|t| run_batches(t * per_task..batches.min((t + 1) * per_task), false));
+        super::pool::install(|| {
+            let per_task = (BATCHED_MATMUL_PARALLEL_MIN_FLOPS / flops.max(1))
+                .clamp(1, batches.div_ceil(rayon::current_num_threads()));
+            let tasks = batches.div_ceil(per_task);
+            (0..tasks).into_par_iter().for_each(|t| run_batches(t * per_task..batches.min((t + 1) * per_task), false));
+        });
     } else {
         run_batches(0..batches, true);
     }
@@ -406,7 +408,7 @@ unsafe fn int_matmul<T: IntElement>(m: usize, n: usize, k: usize, a: MatRef, b: 
     };
     let blocks = m.div_ceil(TILE_M);
     if parallel && blocks > 1 && m.saturating_mul(n).saturating_mul(k) >= BATCHED_MATMUL_PARALLEL_MIN_FLOPS {
-        (0..blocks).into_par_iter().for_each(row_block);
+        super::pool::install(|| (0..blocks).into_par_iter().for_each(row_block));
     } else {
         (0..blocks).for_each(row_block);
     }

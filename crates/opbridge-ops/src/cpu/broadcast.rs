@@ -283,15 +283,21 @@ impl<const N: usize> StridedLoop<N> {
     pub fn run(&self, parallel_min: usize, f: impl Fn([usize; N], Strides<N>, usize) + Sync) {
         let n = self.numel;
         // Small walks (the usual call) decide without asking rayon for its pool.
-        let threads = if n < parallel_min { 1 } else { rayon::current_num_threads() };
-        if threads < 2 {
+        if n < parallel_min {
             self.for_each_run(0, n, f);
             return;
         }
-        let chunk = n.div_ceil(threads * 4).max(MIN_PARALLEL_CHUNK);
-        (0..n.div_ceil(chunk)).into_par_iter().for_each(|task| {
-            let start = task * chunk;
-            self.for_each_run(start, start + chunk, &f);
+        super::pool::install(|| {
+            let threads = rayon::current_num_threads();
+            if threads < 2 {
+                self.for_each_run(0, n, &f);
+                return;
+            }
+            let chunk = n.div_ceil(threads * 4).max(MIN_PARALLEL_CHUNK);
+            (0..n.div_ceil(chunk)).into_par_iter().for_each(|task| {
+                let start = task * chunk;
+                self.for_each_run(start, start + chunk, &f);
+            });
         });
     }
 }

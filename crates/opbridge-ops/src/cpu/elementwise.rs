@@ -74,10 +74,12 @@ multiversion!(
 
 fn add_disjoint<T: Element>(a: &[T], b: &[T], out: &mut [T], parallel: bool) {
     if parallel {
-        let chunk = parallel_chunk(out.len());
-        out.par_chunks_mut(chunk)
-            .zip(a.par_chunks(chunk).zip(b.par_chunks(chunk)))
-            .for_each(|(o, (a, b))| add_disjoint_serial(a, b, o));
+        super::pool::install(|| {
+            let chunk = parallel_chunk(out.len());
+            out.par_chunks_mut(chunk)
+                .zip(a.par_chunks(chunk).zip(b.par_chunks(chunk)))
+                .for_each(|(o, (a, b))| add_disjoint_serial(a, b, o));
+        });
     } else {
         add_disjoint_serial(a, b, out);
     }
@@ -85,8 +87,10 @@ fn add_disjoint<T: Element>(a: &[T], b: &[T], out: &mut [T], parallel: bool) {
 
 fn add_in_place<T: Element>(inout: &mut [T], b: &[T], parallel: bool) {
     if parallel {
-        let chunk = parallel_chunk(inout.len());
-        inout.par_chunks_mut(chunk).zip(b.par_chunks(chunk)).for_each(|(o, b)| add_in_place_serial(o, b));
+        super::pool::install(|| {
+            let chunk = parallel_chunk(inout.len());
+            inout.par_chunks_mut(chunk).zip(b.par_chunks(chunk)).for_each(|(o, b)| add_in_place_serial(o, b));
+        });
     } else {
         add_in_place_serial(inout, b);
     }
@@ -94,7 +98,7 @@ fn add_in_place<T: Element>(inout: &mut [T], b: &[T], parallel: bool) {
 
 fn double_in_place<T: Element>(inout: &mut [T], parallel: bool) {
     if parallel {
-        inout.par_chunks_mut(parallel_chunk(inout.len())).for_each(double_in_place_serial);
+        super::pool::install(|| inout.par_chunks_mut(parallel_chunk(inout.len())).for_each(double_in_place_serial));
     } else {
         double_in_place_serial(inout);
     }
@@ -154,14 +158,16 @@ unsafe fn add_typed<T: Element>(a: *const T, b: *const T, out: *mut T, n: usize,
 /// As for [`add`] with disjoint `out`.
 unsafe fn add_streaming_parallel(dtype: DType, a: *const u8, b: *const u8, out: *mut u8, n: usize) {
     let size = dtype.size();
-    let parts = rayon::current_num_threads().max(1);
-    let per_part = n.div_ceil(parts);
     let (a, b, out) = (a as usize, b as usize, out as usize);
-    (0..parts).into_par_iter().for_each(|part| {
-        let start = (part * per_part).min(n);
-        let len = per_part.min(n - start);
-        let at = |base: usize| base + start * size;
-        // SAFETY: parts cover disjoint ranges of `out` inside the caller's `n` elements.
-        unsafe { streaming::add_streaming(dtype, at(a) as *const u8, at(b) as *const u8, at(out) as *mut u8, len) };
+    super::pool::install(|| {
+        let parts = rayon::current_num_threads().max(1);
+        let per_part = n.div_ceil(parts);
+        (0..parts).into_par_iter().for_each(|part| {
+            let start = (part * per_part).min(n);
+            let len = per_part.min(n - start);
+            let at = |base: usize| base + start * size;
+            // SAFETY: parts cover disjoint ranges of `out` inside the caller's `n` elements.
+            unsafe { streaming::add_streaming(dtype, at(a) as *const u8, at(b) as *const u8, at(out) as *mut u8, len) };
+        });
     });
 }

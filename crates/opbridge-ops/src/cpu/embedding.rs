@@ -268,7 +268,9 @@ unsafe fn run<T: Element + PartialOrd>(p: &Plan) {
         let per_bag = work / bags;
         let per_task = (TASK_ELEMS / per_bag.max(1)).max(1);
         let tasks = bags.div_ceil(per_task);
-        (0..tasks).into_par_iter().for_each(|t| do_bags(t * per_task..bags.min((t + 1) * per_task)));
+        super::pool::install(|| {
+            (0..tasks).into_par_iter().for_each(|t| do_bags(t * per_task..bags.min((t + 1) * per_task)))
+        });
     } else {
         do_bags(0..bags);
     }

@@ -42,6 +42,22 @@ pub unsafe fn matmul_with(
     out: MatRef,
     parallel: bool,
 ) {
+    if parallel {
+        // `gemm` hands its parallel work to the current rayon pool: inside `install` that is a
+        // live one even in a forked child.
+        // SAFETY: forwarded from the caller's contract.
+        return super::pool::install(move || unsafe { matmul_on(dtype, m, n, k, a, b, out, true) });
+    }
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { matmul_on(dtype, m, n, k, a, b, out, false) }
+}
+
+/// [`matmul_with`] once the pool is chosen.
+///
+/// # Safety
+/// As for [`matmul`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn matmul_on(dtype: DType, m: usize, n: usize, k: usize, a: MatRef, b: MatRef, out: MatRef, parallel: bool) {
     let parallelism = if parallel { Parallelism::Rayon(rayon::current_num_threads()) } else { Parallelism::None };
     macro_rules! call {
         ($t:ty, $zero:expr, $one:expr) => {

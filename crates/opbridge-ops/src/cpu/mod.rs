@@ -16,6 +16,7 @@ pub mod error;
 pub(crate) mod math;
 pub mod matmul;
 pub mod nn;
+pub mod pool;
 pub mod reduce;
 pub mod streaming;
 pub mod thresholds;

@@ -349,7 +349,9 @@ where
     if numel >= NN_PARALLEL_MIN_ELEMS && rows > 1 {
         let per_task = (TASK_ELEMS / len).max(1);
         let tasks = rows.div_ceil(per_task);
-        (0..tasks).into_par_iter().for_each(|t| do_rows(t * per_task..rows.min((t + 1) * per_task)));
+        super::pool::install(|| {
+            (0..tasks).into_par_iter().for_each(|t| do_rows(t * per_task..rows.min((t + 1) * per_task)))
+        });
     } else {
         do_rows(0..rows);
     }

@@ -229,6 +229,62 @@ impl Library {
     }
 }
 
+/// Checks that an ELF file holds everything its headers point to (the program headers, each
+/// loadable segment's bytes, the section headers). Files that are not ELF pass: the loader
+/// refuses them cleanly.
+fn elf_fits(bytes: &[u8]) -> std::result::Result<(), String> {
+    if bytes.len() < 4 || &bytes[..4] != b"\x7fELF" {
+        return Ok(());
+    }
+    let truncated = |what: &str| Err(format!("truncated ELF file ({} bytes): {what} lies past its end", bytes.len()));
+    let (class, little) = match (bytes.get(4), bytes.get(5)) {
+        (Some(&c @ (1 | 2)), Some(&d @ (1 | 2))) => (c, d == 1),
+        _ => return Err("malformed ELF identification".into()),
+    };
+    let wide = class == 2;
+    let field = |at: usize, len: usize| -> Option<u64> {
+        let raw = bytes.get(at..at.checked_add(len)?)?;
+        let mut v = 0u64;
+        for i in 0..len {
+            let b = if little { raw[len - 1 - i] } else { raw[i] };
+            v = (v << 8) | u64::from(b);
+        }
+        Some(v)
+    };
+    let word = if wide { 8 } else { 4 };
+    let header_len = if wide { 64 } else { 52 };
+    if bytes.len() < header_len {
+        return truncated("the ELF header");
+    }
+    let get = |at: usize, len: usize| field(at, len).ok_or_else(|| "malformed ELF header".to_string());
+    let (phoff, shoff) = (get(0x18 + word, word)?, get(0x18 + 2 * word, word)?);
+    let at = 0x18 + 3 * word + 4; // after e_flags
+    let (phentsize, phnum) = (get(at + 2, 2)?, get(at + 4, 2)?);
+    let (shentsize, shnum) = (get(at + 6, 2)?, get(at + 8, 2)?);
+    let len = bytes.len() as u64;
+    let end = |off: u64, size: u64| off.checked_add(size).filter(|&e| e <= len);
+    if phnum > 0 && end(phoff, phentsize.saturating_mul(phnum)).is_none() {
+        return truncated("the program header table");
+    }
+    if shoff != 0 && shnum > 0 && end(shoff, shentsize.saturating_mul(shnum)).is_none() {
+        return truncated("the section header table");
+    }
+    for i in 0..phnum {
+        let ph = (phoff + i * phentsize) as usize;
+        const PT_LOAD: u64 = 1;
+        if get(ph, 4)? != PT_LOAD {
+            continue;
+        }
+        // p_offset and p_filesz: (8, 32) in ELF64, (4, 16) in ELF32.
+        let (offset, filesz) =
+            if wide { (get(ph + 8, 8)?, get(ph + 32, 8)?) } else { (get(ph + 4, 4)?, get(ph + 16, 4)?) };
+        if end(offset, filesz).is_none() {
+            return truncated("a loadable segment");
+        }
+    }
+    Ok(())
+}
+
 /// Copies the file to a private name and opens that copy, so that every load maps the file's
 /// current contents. On Unix the copy is deleted as soon as it is open (the mapping keeps it).
 fn open_private_copy(path: &Path) -> Result<libloading::Library> {
@@ -240,7 +296,15 @@ fn open_private_copy(path: &Path) -> Result<libloading::Library> {
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
     let copy = dir.join(format!("{stem}-{}-{}-{nanos}.{ext}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed)));
     std::fs::copy(path, &copy).map_err(|e| plugin_error(path, format!("cannot copy to {}: {e}", copy.display())))?;
-    let opened = open(&copy);
+    // The dynamic loader maps segments without checking that the file holds them: a truncated
+    // library faults (SIGBUS) inside dlopen. Refuse one whose ELF headers point past its end.
+    let opened = match std::fs::read(&copy).map_err(|e| e.to_string()).and_then(|bytes| elf_fits(&bytes)) {
+        Ok(()) => open(&copy),
+        Err(why) => {
+            let _ = std::fs::remove_file(&copy);
+            return Err(plugin_error(path, format!("not a loadable shared library: {why}")));
+        }
+    };
     #[cfg(unix)]
     let _ = std::fs::remove_file(&copy);
     #[cfg(not(unix))]
@@ -654,5 +718,21 @@ impl PluginOp {
         drop(extents);
         err[result::ERR_LEN - 1] = 0;
         result::check(self.name(), status, &err)
+    }
+}
+
+#[cfg(test)]
+mod elf_tests {
+    use super::elf_fits;
+
+    #[test]
+    fn a_truncated_elf_file_is_refused_and_a_whole_one_passes() {
+        let whole = std::fs::read("/proc/self/exe").expect("the test binary");
+        assert_eq!(elf_fits(&whole), Ok(()));
+        for keep in [whole.len() / 2, whole.len() - 1, 100, 5] {
+            let err = elf_fits(&whole[..keep]).expect_err("truncated");
+            assert!(err.contains("truncated") || err.contains("malformed"), "{err}");
+        }
+        assert_eq!(elf_fits(b"not an elf file"), Ok(()), "left to the loader, which refuses it cleanly");
     }
 }

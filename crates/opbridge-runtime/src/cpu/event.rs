@@ -12,6 +12,8 @@ use crate::error::{Error, Result};
 /// One recorded point: done once the stream reaches it, with the time it did.
 #[derive(Debug)]
 pub(super) struct Point {
+    /// The fork generation it was recorded in: a later generation has no worker to reach it.
+    generation: u64,
     reached: Mutex<Option<Instant>>,
     done: Condvar,
     /// Threads blocked in `wait`: completing wakes them (a system call) only when there are any.
@@ -22,11 +24,26 @@ pub(super) struct Point {
 
 impl Point {
     pub(super) fn new(at: Target) -> Point {
-        Point { reached: Mutex::new(None), done: Condvar::new(), waiters: Default::default(), at }
+        Point {
+            generation: crate::fork::generation(),
+            reached: Mutex::new(None),
+            done: Condvar::new(),
+            waiters: Default::default(),
+            at,
+        }
     }
 
+    /// Takes the lock: on a point that may be orphaned, ask [`Point::orphaned`] first.
     pub(super) fn is_reached(&self) -> bool {
         self.lock().is_some()
+    }
+
+    /// Recorded before a `fork()` and not reached then: the worker that would reach it stayed
+    /// in the parent, so it never completes here. Its lock may have been held by that worker at
+    /// the fork, so it is only tried.
+    pub(super) fn orphaned(&self) -> bool {
+        self.generation != crate::fork::generation()
+            && self.reached.try_lock().map_or(true, |reached| reached.is_none())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
@@ -91,6 +108,11 @@ impl CpuEvent {
 impl EventBackend for CpuEvent {
     fn synchronize(&self) -> Result<()> {
         match self.current() {
+            // Before anything takes the point's lock, which the parent's worker may have held.
+            Some(point) if point.orphaned() => Err(Error::Device {
+                device: crate::device::DeviceId::CPU,
+                message: crate::fork::orphaned_message("the work this event waits for"),
+            }),
             // From a stream's worker (a host function) the wait is checked: one that could only
             // end after the running work returns is refused instead of hanging.
             Some(point) if !point.is_reached() => super::stream::blocking_wait(&point.at, "an event", || point.wait()),
@@ -99,7 +121,7 @@ impl EventBackend for CpuEvent {
     }
 
     fn query(&self) -> bool {
-        self.current().is_none_or(|p| p.time().is_some())
+        self.current().is_none_or(|p| !p.orphaned() && p.time().is_some())
     }
 
     fn elapsed_ms(&self, end: &dyn EventBackend) -> Result<f64> {

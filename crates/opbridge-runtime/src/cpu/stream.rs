@@ -136,11 +136,14 @@ pub(super) fn blocking_wait(target: &Target, what: &str, wait: impl FnOnce()) ->
 pub struct CpuStream {
     /// The queue; its lock makes a job's number its place in the queue.
     jobs: Mutex<Sender<HostFn>>,
+    /// The fork generation its worker was started in (`crate::fork`).
+    generation: u64,
     progress: Arc<Progress>,
 }
 
 impl CpuStream {
     pub(super) fn spawn() -> Result<CpuStream> {
+        let generation = crate::fork::generation();
         let number = NEXT_WORKER.fetch_add(1, Ordering::Relaxed);
         let name = format!("opbridge-cpu-stream-{number}");
         let (jobs, queue) = mpsc::channel::<HostFn>();
@@ -179,15 +182,30 @@ impl CpuStream {
                 device: DeviceId::CPU,
                 message: format!("cannot start stream worker: {e}"),
             })?;
-        Ok(CpuStream { jobs: Mutex::new(jobs), progress })
+        Ok(CpuStream { jobs: Mutex::new(jobs), generation, progress })
+    }
+
+    /// The error for a stream whose worker stayed in the parent process of a `fork()`. Checked
+    /// before any of the stream's locks is taken: the parent's worker (or a thread enqueuing
+    /// there) may have held one at the fork, and nothing in this process would release it.
+    fn refuse_orphaned(&self) -> Result<()> {
+        if self.orphaned() {
+            return Err(Error::Device {
+                device: DeviceId::CPU,
+                message: crate::fork::orphaned_message(&format!("stream {}", self.progress.name)),
+            });
+        }
+        Ok(())
     }
 
     fn enqueue(&self, job: HostFn) -> Result<()> {
         self.enqueue_numbered(|_| job)
     }
 
-    /// Enqueues the job `make` builds from its number (its place in the queue).
+    /// Enqueues the job `make` builds from its number (its place in the queue). An orphaned
+    /// stream is refused before `make` runs, so it never makes an event point current.
     fn enqueue_numbered(&self, make: impl FnOnce(u64) -> HostFn) -> Result<()> {
+        self.refuse_orphaned()?;
         let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
         let number = self.progress.submitted.fetch_add(1, Ordering::SeqCst) + 1;
         jobs.send(make(number)).map_err(|_| {
@@ -219,6 +237,8 @@ impl StreamBackend for CpuStream {
             device: DeviceId::CPU,
             message: "cannot record an event of another device on a CPU stream".into(),
         })?;
+        // `enqueue_numbered` refuses an orphaned stream before the new point is made: a point
+        // no worker will complete must never become current.
         self.enqueue_numbered(|job| {
             let point = cpu.begin_record(Target { stream: Arc::clone(&self.progress), job });
             Box::new(move || {
@@ -235,6 +255,12 @@ impl StreamBackend for CpuStream {
                 message: "cannot wait on an event of another device on a CPU stream".into(),
             })?;
         match point {
+            // Asked first: `is_reached` takes the point's lock, which the parent's worker may
+            // have held at the fork.
+            Some(point) if point.orphaned() => Err(Error::Device {
+                device: DeviceId::CPU,
+                message: crate::fork::orphaned_message("the work this event waits for"),
+            }),
             Some(point) if !point.is_reached() => self.enqueue_numbered(|job| {
                 // Listed until the job has run, for the deadlock checks of blocking waits.
                 self.progress.lock().waits.push_back((job, Arc::clone(&point)));
@@ -243,12 +269,15 @@ impl StreamBackend for CpuStream {
                     Ok(())
                 })
             }),
-            _ => Ok(()), // never recorded, or reached already: nothing to wait for
+            // Reached already: nothing to wait for, but an orphaned stream still refuses.
+            Some(_) => self.refuse_orphaned(),
+            None => Ok(()), // never recorded: nothing to wait for
         }
     }
 
     fn synchronize(&self) -> Result<()> {
         self.drain()?;
+        // `drain` refused an orphaned stream, so the worker of this process owns the lock.
         match self.progress.lock().error.take() {
             Some(error) => Err(Error::Async { stream: self.progress.name.clone(), error }),
             None => Ok(()),
@@ -256,6 +285,7 @@ impl StreamBackend for CpuStream {
     }
 
     fn drain(&self) -> Result<()> {
+        self.refuse_orphaned()?;
         let target = Target { stream: Arc::clone(&self.progress), job: self.progress.submitted.load(Ordering::SeqCst) };
         if self.progress.lock().count >= target.job {
             return Ok(());
@@ -271,7 +301,16 @@ impl StreamBackend for CpuStream {
     }
 
     fn query(&self) -> bool {
+        if self.orphaned() {
+            // Nothing queued on it will ever run here: it is as done as it will get. (Its lock
+            // may have been held by the parent's worker at the fork: never taken here.)
+            return true;
+        }
         let target = self.progress.submitted.load(Ordering::SeqCst);
         self.progress.lock().count >= target
+    }
+
+    fn orphaned(&self) -> bool {
+        self.generation != crate::fork::generation()
     }
 }

@@ -25,6 +25,25 @@
  *    into a typed Python exception (see OpbStatus) carrying the message.
  *  - Every pointer in the descriptors must stay valid until the library is closed.
  *  - Nothing may unwind out of a callback: C++ kernels catch every exception and return a status.
+ *
+ * A crash in a plugin takes the whole process down. Callbacks run inside the caller's process (on
+ * its threads, stream workers and compute pool) with no isolation: a segfault, abort, stack
+ * overflow, out-of-bounds write or call to exit() in `infer`, a kernel or `opbridge_plugin_init`
+ * kills the Python interpreter (or the server) at once, with no exception and no cleanup, and a
+ * stray write can corrupt opbridge's own state without crashing. opbridge cannot catch this.
+ * To find the culprit:
+ *  - run with `python -X faulthandler` (or `PYTHONFAULTHANDLER=1`, or `faulthandler.enable()`):
+ *    on SIGSEGV/SIGBUS/SIGFPE/SIGABRT it prints every Python thread's stack, whose last frame is
+ *    the `ob.ops.<name>(...)` call that entered the plugin; a core dump or `gdb -p` gives the C
+ *    frame (build with `-g`);
+ *  - try a new or untrusted library in a child process first (`subprocess` or
+ *    `multiprocessing` with the 'spawn' start method): load it and call each operator on
+ *    representative inputs there, and treat a negative exit status (-11 SIGSEGV, -7 SIGBUS,
+ *    -6 SIGABRT) as a verdict;
+ *  - test kernels under AddressSanitizer/UBSan (`-fsanitize=address,undefined`, run Python with
+ *    the sanitizer runtime in LD_PRELOAD) or valgrind.
+ * An `opbridge doctor --plugin PATH` command that does this in a subprocess is planned; it does not
+ * exist yet.
  */
 #ifndef OPBRIDGE_PLUGIN_H
 #define OPBRIDGE_PLUGIN_H

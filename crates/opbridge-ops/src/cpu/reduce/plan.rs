@@ -84,16 +84,18 @@ unsafe fn line_parallel<R: Reducer>(base: *const R::In, n: usize, stride: isize,
     }
     let pieces = n.div_ceil(PIECE);
     let addr = base as usize;
-    let parts: Vec<R::Part> = (0..pieces)
-        .into_par_iter()
-        .map(|p| {
-            let start = p * PIECE;
-            let len = PIECE.min(n - start);
-            let base = addr as *const R::In;
-            // SAFETY: the piece lies inside the line.
-            unsafe { line::<R>(base.offset(start as isize * stride), len, stride, first + start) }
-        })
-        .collect();
+    let parts: Vec<R::Part> = crate::cpu::pool::install(|| {
+        (0..pieces)
+            .into_par_iter()
+            .map(|p| {
+                let start = p * PIECE;
+                let len = PIECE.min(n - start);
+                let base = addr as *const R::In;
+                // SAFETY: the piece lies inside the line.
+                unsafe { line::<R>(base.offset(start as isize * stride), len, stride, first + start) }
+            })
+            .collect()
+    });
     tree::<R>(&parts)
 }
 
@@ -154,13 +156,15 @@ unsafe fn reduce_block<R: Reducer>(base: *const R::In, dims: &[(usize, isize)]) 
                 } else {
                     let per_task = PIECE / width;
                     let tasks = lines.div_ceil(per_task);
-                    let parts: Vec<R::Part> = (0..tasks)
-                        .into_par_iter()
-                        .map(|t| {
-                            let lines = t * per_task..lines.min((t + 1) * per_task);
-                            lines.map(|l| line_at(l, false)).reduce(R::combine).expect("non-empty task")
-                        })
-                        .collect();
+                    let parts: Vec<R::Part> = crate::cpu::pool::install(|| {
+                        (0..tasks)
+                            .into_par_iter()
+                            .map(|t| {
+                                let lines = t * per_task..lines.min((t + 1) * per_task);
+                                lines.map(|l| line_at(l, false)).reduce(R::combine).expect("non-empty task")
+                            })
+                            .collect()
+                    });
                     tree::<R>(&parts)
                 }
             }
@@ -296,35 +300,39 @@ pub(super) unsafe fn run<R: Reducer>(p: &Plan) -> Result<(), KernelError> {
         };
         if !parallel {
             (0..tasks).for_each(task);
-        } else if tasks >= 2 * rayon::current_num_threads() {
-            (0..tasks).into_par_iter().for_each(task);
         } else {
-            // Few, tall tasks: split the rows too and combine the column partials in order.
-            for t in 0..tasks {
-                let (xo, oo, w) = locate(t);
-                let rows_per_piece = (PIECE / w).max(1);
-                let pieces = len.div_ceil(rows_per_piece);
-                let parts: Vec<Vec<R::Part>> = (0..pieces)
-                    .into_par_iter()
-                    .map(|piece| {
-                        let rows = piece * rows_per_piece..len.min((piece + 1) * rows_per_piece);
-                        let base = (x as *const R::In).wrapping_offset(xo);
-                        // SAFETY: the first row of the piece is inside `x`.
-                        let first = R::start(unsafe { *base.offset(rows.start as isize * stride) }, rows.start);
-                        let mut acc = vec![first; w];
-                        // SAFETY: the piece's rows and the task's columns lie inside `x`.
-                        unsafe { columns::<R>(base, rows, stride, &mut acc) };
-                        acc
-                    })
-                    .collect();
-                let combined: Vec<R::Part> = (0..w)
-                    .map(|c| {
-                        let column: Vec<R::Part> = parts.iter().map(|part| part[c]).collect();
-                        tree::<R>(&column)
-                    })
-                    .collect();
-                emit(oo, &combined);
-            }
+            crate::cpu::pool::install(|| {
+                if tasks >= 2 * rayon::current_num_threads() {
+                    (0..tasks).into_par_iter().for_each(task);
+                } else {
+                    // Few, tall tasks: split the rows too and combine the column partials in order.
+                    for t in 0..tasks {
+                        let (xo, oo, w) = locate(t);
+                        let rows_per_piece = (PIECE / w).max(1);
+                        let pieces = len.div_ceil(rows_per_piece);
+                        let parts: Vec<Vec<R::Part>> = (0..pieces)
+                            .into_par_iter()
+                            .map(|piece| {
+                                let rows = piece * rows_per_piece..len.min((piece + 1) * rows_per_piece);
+                                let base = (x as *const R::In).wrapping_offset(xo);
+                                // SAFETY: the first row of the piece is inside `x`.
+                                let first = R::start(unsafe { *base.offset(rows.start as isize * stride) }, rows.start);
+                                let mut acc = vec![first; w];
+                                // SAFETY: the piece's rows and the task's columns lie inside `x`.
+                                unsafe { columns::<R>(base, rows, stride, &mut acc) };
+                                acc
+                            })
+                            .collect();
+                        let combined: Vec<R::Part> = (0..w)
+                            .map(|c| {
+                                let column: Vec<R::Part> = parts.iter().map(|part| part[c]).collect();
+                                tree::<R>(&column)
+                            })
+                            .collect();
+                        emit(oo, &combined);
+                    }
+                }
+            });
         }
         return Ok(());
     }
@@ -348,10 +356,14 @@ pub(super) unsafe fn run<R: Reducer>(p: &Plan) -> Result<(), KernelError> {
     };
     if !parallel {
         (0..count).for_each(|i| one(i, false));
-    } else if count >= 2 * rayon::current_num_threads() {
-        (0..count).into_par_iter().with_min_len((PIECE / len).max(1)).for_each(|i| one(i, false));
     } else {
-        (0..count).for_each(|i| one(i, true));
+        crate::cpu::pool::install(|| {
+            if count >= 2 * rayon::current_num_threads() {
+                (0..count).into_par_iter().with_min_len((PIECE / len).max(1)).for_each(|i| one(i, false));
+            } else {
+                (0..count).for_each(|i| one(i, true));
+            }
+        });
     }
     Ok(())
 }
