@@ -160,8 +160,11 @@ pub fn as_array<'py>(op: &str, name: &str, obj: &Bound<'py, PyAny>) -> PyResult<
         return Ok(array.clone());
     }
     let np = numpy(obj.py())?;
-    let converted =
-        if obj.hasattr("__dlpack__")? { np.call_method1("from_dlpack", (obj,)) } else { np.call_method1("asarray", (obj,)) };
+    let converted = if obj.hasattr("__dlpack__")? {
+        np.call_method1("from_dlpack", (obj,))
+    } else {
+        np.call_method1("asarray", (obj,))
+    };
     Ok(converted?.cast_into::<PyUntypedArray>()?)
 }
 
@@ -193,7 +196,11 @@ pub fn refuse_subclass(op: &str, name: &str, array: &Bound<'_, PyUntypedArray>) 
                     "{op}: {name} is a {}, an ndarray subclass whose semantics opbridge does not keep \
                      (it defines {hook}); pass numpy.asarray(x) to compute on its plain data{}",
                     ty.fully_qualified_name()?,
-                    if cls.getattr("__module__").and_then(|m| m.extract::<String>()).is_ok_and(|m| m.starts_with("numpy.ma")) {
+                    if cls
+                        .getattr("__module__")
+                        .and_then(|m| m.extract::<String>())
+                        .is_ok_and(|m| m.starts_with("numpy.ma"))
+                    {
                         ", or x.filled(value) to fill the masked elements"
                     } else {
                         ""

@@ -359,7 +359,10 @@ fn call_tensor<'py>(
         let metas = &plan.outputs;
         let made = py
             .detach(|| -> opbridge_runtime::Result<Vec<Arc<Tensor>>> {
-                metas.iter().map(|m| Ok(Arc::new(Tensor::empty_in(ctx.pool(), &m.shape, m.dtype, stream.id())?))).collect()
+                metas
+                    .iter()
+                    .map(|m| Ok(Arc::new(Tensor::empty_in(ctx.pool(), &m.shape, m.dtype, stream.id())?)))
+                    .collect()
             })
             .map_err(to_pyerr)?;
         outs = Some(made);
@@ -410,7 +413,8 @@ fn is_python_number(obj: &Bound<'_, PyAny>) -> bool {
 /// int32) is an `ArgumentError`.
 fn weak_scalars<'py>(py: Python<'py>, name: &str, call: &mut BoundCall<'py>) -> PyResult<()> {
     let schema_inputs = call.inputs.len();
-    let numbers = call.inputs.iter().flatten().filter(|x| np_ffi::as_ndarray(x).is_none() && is_python_number(x)).count();
+    let numbers =
+        call.inputs.iter().flatten().filter(|x| np_ffi::as_ndarray(x).is_none() && is_python_number(x)).count();
     if numbers == 0 {
         return Ok(());
     }
@@ -440,7 +444,9 @@ fn weak_scalars<'py>(py: Python<'py>, name: &str, call: &mut BoundCall<'py>) -> 
         kwargs.set_item(pyo3::intern!(py, "dtype"), &dtype)?;
         let array = np.call_method(pyo3::intern!(py, "asarray"), (&value,), Some(&kwargs)).map_err(|e| {
             if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(py) {
-                argument_error(format!("{name}: the Python scalar {value} does not fit the operands' dtype {dtype}: {e}"))
+                argument_error(format!(
+                    "{name}: the Python scalar {value} does not fit the operands' dtype {dtype}: {e}"
+                ))
             } else {
                 e
             }
@@ -501,10 +507,11 @@ fn call_two<'py>(
 ///
 /// Args:
 ///     a: numpy array (or anything numpy converts, or an ``opbridge.Tensor``).
-///     b: same shape as ``a``. dtypes float16, float32, float64, int32, int64; the result dtype
-///         is numpy's for ``a + b``.
-///     out: optional output: a writeable, C-contiguous array of the result's shape and dtype.
-///         It may be ``a`` or ``b`` itself (in-place).
+///     b: same shape as ``a`` (no broadcasting: a Python scalar is accepted only beside a 0-d
+///         array). dtypes float16, float32, float64, int32, int64; the result dtype is numpy's
+///         for ``a + b`` (Python scalars are weak under numpy 2: ``float32 + 1.5`` is float32).
+///     out: optional output: a ``Tensor`` or a writeable, C-contiguous ndarray of the result's
+///         shape and dtype, never converted. It may be ``a`` or ``b`` itself (in-place).
 ///
 /// Returns:
 ///     A new array (or ``out``). With ``Tensor`` arguments, a ``Tensor`` enqueued on the
@@ -514,7 +521,10 @@ fn call_two<'py>(
 /// Raises:
 ///     ShapeError: shapes differ, or ``out`` has the wrong shape.
 ///     DTypeError: an unsupported dtype, or ``out`` of the wrong dtype.
-///     ArgumentError: ``out`` is read-only or not C-contiguous.
+///     ArgumentError: ``out`` is not an array that can be written in place (a list, a
+///         scalar, read-only, not C-contiguous), an ndarray subclass with semantics of its
+///         own (``numpy.ma.MaskedArray``, ``numpy.matrix``: see the README), or a Python int
+///         that does not fit the result's integer dtype.
 ///
 /// The registered operator ``vector_add`` version 1 (``ob.ops.get("vector_add", version=1)``),
 /// called through a fixed signature. Non-contiguous, byte-swapped or mixed-dtype inputs are
