@@ -521,3 +521,43 @@ def test_await_slow_event_does_not_block_loop() -> None:
 
     asyncio.run(main())
     assert ticks == [0, 1, 2, 3, 4]
+
+
+# numpy 2's __array__(dtype=None, copy=None) protocol, exactly.
+
+
+def test_array_protocol_copy_false_never_copies():
+    t = ob.asarray(np.arange(4, dtype=np.float32))
+    view = np.asarray(t, copy=False)
+    assert np.shares_memory(view, t.numpy())
+    same = np.asarray(t, dtype=np.float32, copy=False)
+    assert np.shares_memory(same, t.numpy())
+    for other in (np.float64, np.int32, ">f4", np.float16):
+        with pytest.raises(ValueError, match="copy"):
+            np.asarray(t, dtype=other, copy=False)
+        with pytest.raises(ValueError):
+            t.__array__(dtype=np.dtype(other), copy=False)
+
+
+def test_array_protocol_copy_true_always_copies():
+    t = ob.asarray(np.arange(4, dtype=np.float32))
+    for dtype in (None, np.float32, np.float64):
+        a = np.array(t, dtype=dtype, copy=True)
+        assert not np.shares_memory(a, t.numpy())
+        assert a.dtype == (dtype or np.float32)
+        a[0] = 42  # a private, writable copy
+        assert t.numpy()[0] == 0
+    direct = t.__array__(copy=True)
+    assert not np.shares_memory(direct, t.numpy())
+
+
+def test_array_protocol_copy_none_copies_only_to_convert():
+    t = ob.asarray(np.arange(4, dtype=np.float32))
+    assert np.shares_memory(np.asarray(t), t.numpy())
+    assert np.shares_memory(np.asarray(t, dtype="<f4"), t.numpy())
+    converted = np.asarray(t, dtype=np.float64)
+    assert converted.dtype == np.float64 and not np.shares_memory(converted, t.numpy())
+    np.testing.assert_array_equal(converted, np.arange(4))
+    swapped = np.asarray(t, dtype=">f4")
+    assert swapped.dtype == np.dtype(">f4")
+    np.testing.assert_array_equal(swapped, np.arange(4))

@@ -289,18 +289,32 @@ pub fn launch(
     Ok(results)
 }
 
-/// A contiguous copy of `t` converted to `dtype`, enqueued on `stream` (the one documented copy
-/// for an input of another dtype than the kernel's).
+/// A copy of `t` converted to `dtype`, enqueued on `stream` (the one documented copy for an
+/// input of another dtype than the kernel's): contiguous, except that broadcast axes (stride 0,
+/// length > 1) stay broadcast — only the unique elements are converted and stored, never the
+/// logical size of a broadcast view.
 fn convert(t: &Arc<Tensor>, dtype: DType, stream: &Stream, alloc: &dyn Allocate) -> Result<Arc<Tensor>> {
-    let converted = Tensor::empty_in(alloc, t.shape(), dtype, stream.id())?;
-    let (src, dst) = (TensorView::of_tensor(t), TensorView::of_tensor(&converted));
+    let broadcast: Vec<bool> = t.shape().iter().zip(t.strides()).map(|(&d, &s)| s == 0 && d > 1).collect();
+    let unique: Vec<usize> = t.shape().iter().zip(&broadcast).map(|(&d, &b)| if b { 1 } else { d }).collect();
+    let block = Tensor::empty_in(alloc, &unique, dtype, stream.id())?;
+    let mut src = TensorView::of_tensor(t);
+    src.shape = unique.as_slice().into();
+    let dst = TensorView::of_tensor(&block);
+    let converted = if broadcast.contains(&true) {
+        let strides = block.strides().iter().zip(&broadcast).map(|(&s, &b)| if b { 0 } else { s }).collect();
+        let storage = Arc::clone(block.storage());
+        Tensor::from_storage(storage, block.device(), dtype, t.shape().to_vec(), Some(strides), block.byte_offset())?
+    } else {
+        block
+    };
     Tensor::launch(
         stream,
         &[t],
         &[&converted],
         Box::new(move || {
-            // SAFETY: `src` is `t`'s validated layout; `dst` is a fresh contiguous block of the
-            // same shape; stream order keeps both alive and unaliased until this kernel has run.
+            // SAFETY: `src` is `t`'s validated layout cut to its unique elements (a sub-view);
+            // `dst` is a fresh contiguous block of that shape; stream order keeps both alive and
+            // unaliased until this kernel has run.
             unsafe { cast::cast_view(&src, &dst) }.map_err(|error| OpError::cpu_kernel("cast", error).into_async())
         }),
     )?;

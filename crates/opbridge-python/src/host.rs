@@ -4,7 +4,7 @@
 use numpy::{PyUntypedArray, PyUntypedArrayMethods};
 use opbridge_runtime::DType;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PySlice, PyTuple};
 
 use crate::convert::numpy;
 use crate::errors::{argument_error, dtype_error};
@@ -29,20 +29,10 @@ pub struct HostArray<'py> {
 
 impl<'py> HostArray<'py> {
     /// Accepts an ndarray, or anything numpy can turn into one (buffer protocol, DLPack,
-    /// sequences). Unsupported dtypes raise `DTypeError` naming the supported ones.
+    /// sequences). Unsupported dtypes raise `DTypeError` naming the supported ones; ndarray
+    /// subclasses with semantics of their own `ArgumentError` (see [`refuse_subclass`]).
     pub fn extract(op: &str, name: &str, obj: &Bound<'py, PyAny>, supported: &[DType]) -> PyResult<HostArray<'py>> {
-        let array = match np_ffi::as_ndarray(obj) {
-            Some(array) => array.clone(),
-            None => {
-                let np = numpy(obj.py())?;
-                let converted = if obj.hasattr("__dlpack__")? {
-                    np.call_method1("from_dlpack", (obj,))
-                } else {
-                    np.call_method1("asarray", (obj,))
-                };
-                converted?.cast_into::<PyUntypedArray>()?
-            }
-        };
+        let array = as_array(op, name, obj)?;
         let layout = np_ffi::layout(&array);
         match np_ffi::dtype_of_num(layout.type_num).filter(|d| supported.contains(d)) {
             Some(dtype) => Ok(HostArray { array, dtype, layout }),
@@ -80,10 +70,57 @@ impl<'py> HostArray<'py> {
         Ok(HostArray::from_array(converted(&self.array, dtype)?, dtype))
     }
 
-    /// A private copy (an input snapshotted at the call).
-    pub fn copied(self) -> PyResult<HostArray<'py>> {
-        let copy = self.array.call_method0("copy")?;
-        Ok(HostArray::from_array(copy.cast_into()?, self.dtype))
+    /// An input a kernel reads in place (any strides), of `dtype`: `self` when it already is
+    /// (aligned, native, of `dtype`), else one copy made by numpy. Broadcast axes (stride 0)
+    /// stay broadcast: only the unique elements are converted, never the logical size.
+    pub fn converted(self, dtype: DType) -> PyResult<HostArray<'py>> {
+        let size = dtype.size() as isize;
+        let readable = self.dtype == dtype
+            && self.is_native()
+            && self.layout.is_aligned()
+            && self.array.strides().iter().all(|s| s % size == 0);
+        if readable {
+            return Ok(self);
+        }
+        match self.broadcast_axes()? {
+            Some(unique) => rebroadcast(&self.array, &unique, dtype),
+            None => self.normalized(dtype),
+        }
+    }
+
+    /// A private snapshot of an input (the tensor path, taken at the call) in `dtype`: native,
+    /// aligned, C-contiguous except that broadcast axes (stride 0) stay broadcast, so a
+    /// broadcast view costs its unique elements, not its logical size.
+    pub fn snapshot(self, dtype: DType) -> PyResult<HostArray<'py>> {
+        match self.broadcast_axes()? {
+            Some(unique) => rebroadcast(&self.array, &unique, dtype),
+            None => {
+                let kwargs = PyDict::new(self.array.py());
+                kwargs.set_item("dtype", np_ffi::descr(self.array.py(), dtype))?;
+                kwargs.set_item("order", "C")?;
+                let copy = numpy(self.array.py())?.call_method("array", (&self.array,), Some(&kwargs))?;
+                Ok(HostArray::from_array(copy.cast_into()?, dtype))
+            }
+        }
+    }
+
+    /// When the array repeats its elements along some axis (stride 0, length > 1): the view
+    /// of its unique elements (those axes cut to length 1).
+    fn broadcast_axes(&self) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let shape = self.array.shape();
+        let strides = self.array.strides();
+        if !shape.iter().zip(strides).any(|(&d, &s)| s == 0 && d > 1) {
+            return Ok(None);
+        }
+        let py = self.array.py();
+        let index = PyTuple::new(
+            py,
+            shape.iter().zip(strides).map(|(&d, &s)| {
+                let end = if s == 0 && d > 1 { Some(1) } else { None };
+                PySlice::new(py, 0, end.unwrap_or(d as isize), 1)
+            }),
+        )?;
+        Ok(Some(self.array.get_item(index)?))
     }
 }
 
@@ -99,8 +136,90 @@ pub fn converted<'py>(array: &Bound<'py, PyUntypedArray>, dtype: DType) -> PyRes
     Ok(numpy(py)?.call_method("array", (array,), Some(&kwargs))?.cast_into()?)
 }
 
-/// Validates an `out=` array: an ndarray, writeable, C-contiguous, native byte order.
-/// Shape and dtype are the op's schema checks.
+/// `unique` (an array's unique elements, its broadcast axes of length 1) copied once in
+/// `dtype`, then broadcast back to `of`'s shape (a read-only view with stride 0 there).
+fn rebroadcast<'py>(
+    of: &Bound<'py, PyUntypedArray>,
+    unique: &Bound<'py, PyAny>,
+    dtype: DType,
+) -> PyResult<HostArray<'py>> {
+    let py = of.py();
+    let np = numpy(py)?;
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("dtype", np_ffi::descr(py, dtype))?;
+    kwargs.set_item("order", "C")?;
+    let copy = np.call_method("array", (unique,), Some(&kwargs))?;
+    let view = np.call_method1("broadcast_to", (copy, of.shape()))?;
+    Ok(HostArray::from_array(view.cast_into()?, dtype))
+}
+
+/// `obj` as an ndarray: itself, or numpy's conversion (DLPack producers through
+/// `numpy.from_dlpack`, everything else through `numpy.asarray`). ndarray subclasses are
+/// checked by [`refuse_subclass`].
+pub fn as_array<'py>(op: &str, name: &str, obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyUntypedArray>> {
+    if let Some(array) = np_ffi::as_exact_ndarray(obj) {
+        return Ok(array.clone());
+    }
+    if let Some(array) = np_ffi::as_ndarray(obj) {
+        refuse_subclass(op, name, array)?;
+        return Ok(array.clone());
+    }
+    let np = numpy(obj.py())?;
+    let converted = if obj.hasattr("__dlpack__")? {
+        np.call_method1("from_dlpack", (obj,))
+    } else {
+        np.call_method1("asarray", (obj,))
+    };
+    Ok(converted?.cast_into::<PyUntypedArray>()?)
+}
+
+/// The hooks through which an ndarray subclass gives its values a meaning of its own (a
+/// masked array's mask, `numpy.matrix`'s products): a subclass that defines none of them is
+/// plain memory.
+const SUBCLASS_HOOKS: [&str; 5] =
+    ["__array_ufunc__", "__array_function__", "__array_finalize__", "__array_wrap__", "__array_prepare__"];
+
+/// ndarray subclasses: opbridge computes on an array's memory and returns plain ndarrays, so
+/// it accepts only subclasses that are plain memory — `numpy.memmap` (and its subclasses
+/// that add no hook), and subclasses that define none of numpy's hooks ([`SUBCLASS_HOOKS`],
+/// e.g. ``class A(np.ndarray): pass``). Any other (`numpy.ma.MaskedArray`, `numpy.matrix`,
+/// unit-carrying arrays, ...) is an `ArgumentError` naming the type, rather than a result
+/// that silently ignores its meaning.
+pub fn refuse_subclass(op: &str, name: &str, array: &Bound<'_, PyUntypedArray>) -> PyResult<()> {
+    let py = array.py();
+    let ty = array.get_type();
+    let ndarray = np_ffi::ndarray_type(py);
+    let memmap = numpy(py)?.getattr(pyo3::intern!(py, "memmap"))?;
+    for cls in ty.mro().iter() {
+        if cls.is(ndarray) || cls.is(&memmap) {
+            return Ok(());
+        }
+        let dict = cls.getattr(pyo3::intern!(py, "__dict__"))?;
+        for hook in SUBCLASS_HOOKS {
+            if dict.contains(hook)? {
+                return Err(argument_error(format!(
+                    "{op}: {name} is a {}, an ndarray subclass whose semantics opbridge does not keep \
+                     (it defines {hook}); pass numpy.asarray(x) to compute on its plain data{}",
+                    ty.fully_qualified_name()?,
+                    if cls
+                        .getattr("__module__")
+                        .and_then(|m| m.extract::<String>())
+                        .is_ok_and(|m| m.starts_with("numpy.ma"))
+                    {
+                        ", or x.filled(value) to fill the masked elements"
+                    } else {
+                        ""
+                    }
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Validates an `out=` array: an ndarray (an accepted subclass, see [`refuse_subclass`]),
+/// writeable, C-contiguous, aligned, native byte order. Shape and dtype are the op's schema
+/// checks. Nothing is converted: an `out=` that cannot be written in place is an error.
 pub fn check_out<'py>(op: &str, out: &Bound<'py, PyAny>) -> PyResult<HostArray<'py>> {
     let Some(array) = np_ffi::as_ndarray(out) else {
         return Err(argument_error(format!(
@@ -115,7 +234,8 @@ pub fn check_out<'py>(op: &str, out: &Bound<'py, PyAny>) -> PyResult<HostArray<'
     }
     if !layout.is_c_contiguous() || !layout.is_aligned() || !out.is_native() {
         return Err(argument_error(format!(
-            "{op}: expected a C-contiguous, aligned, native-byte-order out, got strides {:?} at address {:#x}",
+            "{op}: expected a C-contiguous, aligned out in native byte order, got dtype {} with strides {:?} at address {:#x}",
+            out.array.dtype(),
             out.array.strides(),
             layout.data
         )));

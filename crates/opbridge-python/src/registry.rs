@@ -22,7 +22,7 @@ use smallvec::SmallVec;
 use crate::errors::{argument_error, to_pyerr};
 use crate::ffi::numpy as np_ffi;
 use crate::host::{self, check_out, new_output, HostArray};
-use crate::tensor::{as_out_tensor, as_tensor, PyTensor};
+use crate::tensor::{as_out_tensor, input_tensor, PyTensor};
 
 /// One version of a registered operator, callable like a function.
 #[pyclass(name = "Op", module = "opbridge", frozen, dict)]
@@ -186,7 +186,7 @@ fn try_lane<'py, A: std::ops::Deref<Target = Bound<'py, PyAny>>>(
     // A second input of another dtype, for a lane that promotes two inputs (`vector_add`).
     let mut other: Option<(DType, Bound<'py, PyUntypedArray>)> = None;
     for (k, arg) in args.enumerate() {
-        let Some(array) = np_ffi::as_ndarray(&arg) else { return Ok(None) };
+        let Some(array) = np_ffi::as_exact_ndarray(&arg) else { return Ok(None) };
         let layout = np_ffi::layout(array);
         if !(layout.is_c_contiguous() && layout.is_aligned() && layout.is_native()) {
             return Ok(None);
@@ -236,7 +236,7 @@ fn try_lane<'py, A: std::ops::Deref<Target = Bound<'py, PyAny>>>(
             (fresh.layout().data, fresh.array.into_any())
         }
         Some(given) => {
-            let Some(array) = np_ffi::as_ndarray(given) else { return Ok(None) };
+            let Some(array) = np_ffi::as_exact_ndarray(given) else { return Ok(None) };
             let layout = np_ffi::layout(array);
             let usable = layout.is_c_contiguous()
                 && layout.is_aligned()
@@ -359,18 +359,12 @@ fn call_host<'py>(
     }
     let metas: Few<Option<Meta>> = arrays.iter().map(|a| a.as_ref().map(|a| Meta::new(a.dtype, a.shape()))).collect();
     let plan = dispatch::plan(entry, &metas, &call.attrs).map_err(to_pyerr)?;
-    // Inputs the kernel can read in place are kept (any strides); the others are copied once.
+    // Inputs the kernel can read in place are kept (any strides, broadcast ones included); the
+    // others are copied once (their unique elements: broadcast axes stay broadcast).
     let mut inputs: Few<Option<HostArray<'py>>> = Few::new();
     for (array, dtype) in arrays.into_iter().zip(&plan.inputs) {
         inputs.push(match (array, dtype) {
-            (Some(a), Some(dtype)) => {
-                let size = dtype.size() as isize;
-                let readable = a.dtype == *dtype
-                    && a.is_native()
-                    && a.layout().is_aligned()
-                    && a.array.strides().iter().all(|s| s % size == 0);
-                Some(if readable { a } else { a.normalized(*dtype)? })
-            }
+            (Some(a), Some(dtype)) => Some(a.converted(*dtype)?),
             _ => None,
         });
     }
@@ -409,9 +403,17 @@ fn call_host<'py>(
     Ok(PyTuple::new(py, results.into_iter().map(|r| r.array.into_any()))?.into_any())
 }
 
+/// A tensor-path argument before anything is copied: a `Tensor`, or a numpy array.
+enum Arg<'py> {
+    Tensor(Arc<Tensor>),
+    Host(HostArray<'py>),
+}
+
 /// The async path: arguments become tensors (numpy inputs copied at the call, a numpy `out=`
 /// wrapped in place), `dispatch::launch` enqueues the call on the current stream of their
-/// device with outputs from its pool, and `Tensor`s come back at once.
+/// device with outputs from its pool, and `Tensor`s come back at once. The call is planned
+/// and its new outputs allocated before any numpy input is copied: a call that fails its
+/// shape, dtype or memory check costs no copy of its inputs.
 fn call_tensor<'py>(
     py: Python<'py>,
     entry: &Arc<Entry>,
@@ -420,10 +422,13 @@ fn call_tensor<'py>(
 ) -> PyResult<Bound<'py, PyAny>> {
     let schema = entry.schema();
     let name = schema.name.as_str();
-    let mut inputs: Few<Option<Arc<Tensor>>> = Few::new();
-    for input in &call.inputs {
-        inputs.push(match input {
-            Some(obj) => Some(Arc::clone(&as_tensor(name, obj)?.inner)),
+    let mut args: Few<Option<Arg<'py>>> = Few::new();
+    for (spec, input) in schema.inputs.iter().zip(&call.inputs) {
+        args.push(match input {
+            Some(obj) => Some(match obj.cast::<PyTensor>() {
+                Ok(t) => Arg::Tensor(Arc::clone(&t.get().inner)),
+                Err(_) => Arg::Host(HostArray::extract(name, &spec.name, obj, &schema.dtypes)?),
+            }),
             None => None,
         });
     }
@@ -432,17 +437,52 @@ fn call_tensor<'py>(
     if let Some(given) = &given {
         let mut list = Vec::with_capacity(given.len());
         for obj in given {
-            let target = as_out_tensor(name, obj)?;
-            if target.read_only {
-                return Err(argument_error(format!("{name}: out is read-only")));
-            }
-            list.push(Arc::clone(&target.inner));
+            list.push(Arc::clone(&as_out_tensor(name, obj)?.inner));
         }
         outs = Some(list);
     }
-    let device = inputs.iter().flatten().chain(outs.iter().flatten()).next().map_or(DeviceId::CPU, |t| t.device());
+    let metas: Few<Option<Meta>> = args
+        .iter()
+        .map(|a| {
+            a.as_ref().map(|a| match a {
+                Arg::Tensor(t) => Meta::new(t.dtype(), t.shape()),
+                Arg::Host(h) => Meta::new(h.dtype, h.shape()),
+            })
+        })
+        .collect();
+    let plan = dispatch::plan(entry, &metas, &call.attrs).map_err(to_pyerr)?;
+    let tensors = args.iter().flatten().filter_map(|a| match a {
+        Arg::Tensor(t) => Some(t),
+        Arg::Host(_) => None,
+    });
+    let device = tensors.chain(outs.iter().flatten()).next().map_or(DeviceId::CPU, |t| t.device());
     let ctx = DeviceContext::get(device).map_err(to_pyerr)?;
     let stream = ctx.current_stream().map_err(to_pyerr)?;
+    if outs.is_none() {
+        // The outputs first (the memory check), from the pool `launch` would take them from.
+        let metas = &plan.outputs;
+        let made = py
+            .detach(|| -> opbridge_runtime::Result<Vec<Arc<Tensor>>> {
+                metas
+                    .iter()
+                    .map(|m| Ok(Arc::new(Tensor::empty_in(ctx.pool(), &m.shape, m.dtype, stream.id())?)))
+                    .collect()
+            })
+            .map_err(to_pyerr)?;
+        outs = Some(made);
+    }
+    let mut inputs: Few<Option<Arc<Tensor>>> = Few::new();
+    for (arg, dtype) in args.into_iter().zip(&plan.inputs) {
+        inputs.push(match (arg, dtype) {
+            (Some(Arg::Tensor(t)), _) => Some(t),
+            (Some(Arg::Host(h)), Some(dtype)) => Some(input_tensor(name, h, *dtype)?.inner),
+            (Some(Arg::Host(h)), None) => {
+                let dtype = h.dtype;
+                Some(input_tensor(name, h, dtype)?.inner)
+            }
+            (None, _) => None,
+        });
+    }
     let attrs = &call.attrs;
     // Detached: allocating may wait for streams whose host functions need the GIL.
     let results = py
@@ -461,13 +501,74 @@ fn call_tensor<'py>(
     Ok(if returned.len() == 1 { returned.remove(0) } else { PyTuple::new(py, returned)?.into_any() })
 }
 
+/// A Python number (`int`, `float`, `complex`, `bool`, or a subclass: numpy's scalars that
+/// subclass them, `numpy.float64`, are strong, which `numpy.result_type` knows).
+fn is_python_number(obj: &Bound<'_, PyAny>) -> bool {
+    obj.is_instance_of::<pyo3::types::PyInt>()
+        || obj.is_instance_of::<pyo3::types::PyFloat>()
+        || obj.is_instance_of::<pyo3::types::PyComplex>()
+}
+
+/// Python numbers among the inputs become 0-d arrays of the dtype the installed numpy gives
+/// them beside the other operands: `numpy.result_type(<other operands>, <numbers>)` (numpy 2:
+/// NEP 50's weak scalars, so `float32_array + 1.5` stays float32; numpy 1: value-based
+/// casting). A `Tensor` takes part by its dtype; other operands are converted to arrays here,
+/// once. A number that does not fit the dtype (numpy's `OverflowError`, e.g. `2**40` beside
+/// int32) is an `ArgumentError`.
+fn weak_scalars<'py>(py: Python<'py>, name: &str, call: &mut BoundCall<'py>) -> PyResult<()> {
+    let schema_inputs = call.inputs.len();
+    let numbers =
+        call.inputs.iter().flatten().filter(|x| np_ffi::as_ndarray(x).is_none() && is_python_number(x)).count();
+    if numbers == 0 {
+        return Ok(());
+    }
+    let mut operands: Few<Bound<'py, PyAny>> = Few::new();
+    let mut scalars: Few<usize> = Few::new();
+    for k in 0..schema_inputs {
+        let Some(obj) = &call.inputs[k] else { continue };
+        if np_ffi::as_ndarray(obj).is_some() {
+            operands.push(obj.clone());
+        } else if let Ok(t) = obj.cast::<PyTensor>() {
+            operands.push(np_ffi::descr(py, t.get().inner.dtype()).into_any());
+        } else if is_python_number(obj) {
+            scalars.push(k);
+        } else {
+            let array = host::as_array(name, "argument", obj)?.into_any();
+            operands.push(array.clone());
+            call.inputs[k] = Some(array);
+        }
+    }
+    let np = crate::convert::numpy(py)?;
+    let all: Few<Bound<'py, PyAny>> =
+        operands.into_iter().chain(scalars.iter().filter_map(|&k| call.inputs[k].clone())).collect();
+    let dtype = np.call_method1(pyo3::intern!(py, "result_type"), PyTuple::new(py, all)?)?;
+    for k in scalars {
+        let Some(value) = call.inputs[k].take() else { continue };
+        let kwargs = PyDict::new(py);
+        kwargs.set_item(pyo3::intern!(py, "dtype"), &dtype)?;
+        let array = np.call_method(pyo3::intern!(py, "asarray"), (&value,), Some(&kwargs)).map_err(|e| {
+            if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(py) {
+                argument_error(format!(
+                    "{name}: the Python scalar {value} does not fit the operands' dtype {dtype}: {e}"
+                ))
+            } else {
+                e
+            }
+        })?;
+        call.inputs[k] = Some(array);
+    }
+    Ok(())
+}
+
 /// A call after binding: the numpy path, or the tensor path when any argument is a `Tensor`.
+/// Python numbers are weak scalars first (see [`weak_scalars`]).
 fn dispatch_call<'py>(
     py: Python<'py>,
     entry: &Arc<Entry>,
-    call: BoundCall<'py>,
+    mut call: BoundCall<'py>,
     out: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
+    weak_scalars(py, &entry.schema().name, &mut call)?;
     if is_tensor_call(&call, out) {
         call_tensor(py, entry, call, out)
     } else {
@@ -515,10 +616,11 @@ fn call_two<'py>(
 ///
 /// Args:
 ///     a: numpy array (or anything numpy converts, or an ``opbridge.Tensor``).
-///     b: same shape as ``a``. dtypes float16, float32, float64, int32, int64; the result dtype
-///         is numpy's for ``a + b``.
-///     out: optional output: a writeable, C-contiguous array of the result's shape and dtype.
-///         It may be ``a`` or ``b`` itself (in-place).
+///     b: same shape as ``a`` (no broadcasting: a Python scalar is accepted only beside a 0-d
+///         array). dtypes float16, float32, float64, int32, int64; the result dtype is numpy's
+///         for ``a + b`` (Python scalars are weak under numpy 2: ``float32 + 1.5`` is float32).
+///     out: optional output: a ``Tensor`` or a writeable, C-contiguous ndarray of the result's
+///         shape and dtype, never converted. It may be ``a`` or ``b`` itself (in-place).
 ///
 /// Returns:
 ///     A new array (or ``out``). With ``Tensor`` arguments, a ``Tensor`` enqueued on the
@@ -528,7 +630,10 @@ fn call_two<'py>(
 /// Raises:
 ///     ShapeError: shapes differ, or ``out`` has the wrong shape.
 ///     DTypeError: an unsupported dtype, or ``out`` of the wrong dtype.
-///     ArgumentError: ``out`` is read-only or not C-contiguous.
+///     ArgumentError: ``out`` is not an array that can be written in place (a list, a
+///         scalar, read-only, not C-contiguous), an ndarray subclass with semantics of its
+///         own (``numpy.ma.MaskedArray``, ``numpy.matrix``: see the README), or a Python int
+///         that does not fit the result's integer dtype.
 ///
 /// The registered operator ``vector_add`` version 1 (``ob.ops.get("vector_add", version=1)``),
 /// called through a fixed signature. Non-contiguous, byte-swapped or mixed-dtype inputs are

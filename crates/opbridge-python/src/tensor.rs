@@ -145,26 +145,42 @@ impl PyTensor {
         np_ffi::tensor_array(slf)
     }
 
+    /// numpy's array protocol (numpy 2): the tensor's memory as an array, after waiting for
+    /// the work that produces it. ``copy=None`` copies only for a ``dtype`` conversion,
+    /// ``copy=True`` always returns a new array, ``copy=False`` never copies and raises
+    /// ``ValueError`` when ``dtype`` would need a conversion.
     #[pyo3(signature = (dtype=None, copy=None))]
     fn __array__<'py>(
         slf: &Bound<'py, Self>,
         dtype: Option<&Bound<'py, PyAny>>,
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let view = Self::numpy(slf)?.into_any();
-        let converted = match dtype {
-            Some(dtype) => {
-                // astype's second positional parameter is `order`: pass copy by keyword.
-                let kwargs = PyDict::new(slf.py());
-                kwargs.set_item("copy", false)?;
-                view.call_method("astype", (dtype,), Some(&kwargs))?
-            }
-            None => view,
+        let py = slf.py();
+        let own = np_ffi::descr(py, slf.get().inner.dtype()).into_any();
+        let target = match dtype {
+            None => None,
+            Some(d) => Some(crate::convert::numpy(py)?.call_method1("dtype", (d,))?),
         };
-        if copy == Some(true) {
-            return converted.call_method0("copy");
+        // numpy's dtype equality is equivalence ('<f4' == float32, '>f4' != float32).
+        let convert = match &target {
+            Some(t) => !t.eq(&own)?,
+            None => false,
+        };
+        if convert && copy == Some(false) {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "Unable to avoid copy while creating an array as requested: the tensor is {}, \
+                 the array must be {} (copy=False)",
+                own.str()?,
+                target.as_ref().map_or(Ok(String::new()), |t| t.str().map(|s| s.to_string()))?
+            )));
         }
-        Ok(converted)
+        let view = Self::numpy(slf)?.into_any();
+        match (convert, copy) {
+            // astype always returns a new array unless told copy=False.
+            (true, _) => view.call_method1("astype", (target.as_ref().unwrap_or(&own),)),
+            (false, Some(true)) => view.call_method0("copy"),
+            (false, _) => Ok(view),
+        }
     }
 
     /// DLPack export (zero-copy). Waits for pending work first, so consumers on any stream see
@@ -218,38 +234,35 @@ impl PyTensor {
     }
 }
 
-/// A tensor input: an `opbridge.Tensor`, or a numpy array copied at the call (what a
-/// host-to-device copy from pageable memory does in CUDA): the kernel runs later on a stream,
-/// and the caller may change or drop the array as soon as the call returns.
-pub fn as_tensor<'py>(op: &str, obj: &Bound<'py, PyAny>) -> PyResult<PyRef<'py, PyTensor>> {
-    tensor_arg(op, obj, Role::Input)
+/// A tensor input made from a numpy argument: a private snapshot in `dtype` taken at the call
+/// (what a host-to-device copy from pageable memory does in CUDA), since the kernel runs later
+/// on a stream and the caller may change or drop the array as soon as the call returns.
+/// Broadcast axes stay broadcast (see [`HostArray::snapshot`]).
+pub fn input_tensor(op: &str, host: HostArray<'_>, dtype: DType) -> PyResult<PyTensor> {
+    let snapshot = host.snapshot(dtype)?;
+    wrap_host_array(op, &snapshot)
 }
 
-/// An `out=` tensor: a numpy array is wrapped zero-copy (host memory is the CPU device's
-/// memory) and must be writable in place as it is; callers synchronize before returning it.
+/// An `out=` tensor: an `opbridge.Tensor`, or a numpy array wrapped zero-copy (host memory is
+/// the CPU device's memory) that must be writable in place as it is (the numpy path's
+/// [`host::check_out`](crate::host::check_out) rules); callers synchronize before returning it.
+/// Anything else (a list, a scalar, an object with `__array__`) is an `ArgumentError`: the
+/// result would be lost in a temporary.
 pub fn as_out_tensor<'py>(op: &str, obj: &Bound<'py, PyAny>) -> PyResult<PyRef<'py, PyTensor>> {
-    tensor_arg(op, obj, Role::Out)
-}
-
-/// How a numpy argument becomes a tensor: an input is snapshotted, an `out=` wrapped in place.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Role {
-    Input,
-    Out,
-}
-
-fn tensor_arg<'py>(op: &str, obj: &Bound<'py, PyAny>, role: Role) -> PyResult<PyRef<'py, PyTensor>> {
     if let Ok(tensor) = obj.cast::<PyTensor>() {
-        return Ok(tensor.borrow());
+        let tensor = tensor.borrow();
+        if tensor.read_only {
+            return Err(argument_error(format!("{op}: out is read-only")));
+        }
+        return Ok(tensor);
     }
-    let mut host = HostArray::extract(op, "argument", obj, &DType::ALL)?;
-    if role == Role::Input {
-        // A private, native, C-contiguous snapshot that only the new tensor references.
-        let dtype = host.dtype;
-        host = if host.is_native() { host.copied()? } else { host.normalized(dtype)? };
-    } else if !host.is_native() {
-        return Err(argument_error(format!("{op}: expected out in native byte order")));
+    if np_ffi::as_ndarray(obj).is_none() {
+        return Err(argument_error(format!(
+            "{op}: expected out to be an opbridge.Tensor or a numpy.ndarray, got {}",
+            obj.get_type().name()?
+        )));
     }
+    let host = crate::host::check_out(op, obj)?;
     let tensor = wrap_host_array(op, &host)?;
     Ok(Bound::new(obj.py(), tensor)?.borrow())
 }

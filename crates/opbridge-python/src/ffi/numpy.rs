@@ -31,25 +31,40 @@ pub fn descr(py: Python<'_>, dtype: DType) -> Bound<'_, PyArrayDescr> {
     all[index].bind(py).clone()
 }
 
-/// `obj` as an ndarray (or a subclass), with numpy's type object looked up once per process
-/// (rust-numpy's check goes through the API capsule on every call).
-pub fn as_ndarray<'a, 'py>(obj: &'a Bound<'py, PyAny>) -> Option<&'a Bound<'py, PyUntypedArray>> {
+/// numpy's `ndarray` type object, looked up once per process (rust-numpy's check goes through
+/// the API capsule on every call).
+pub fn ndarray_type(py: Python<'_>) -> &Bound<'_, pyo3::types::PyType> {
     static NDARRAY: PyOnceLock<Py<pyo3::types::PyType>> = PyOnceLock::new();
-    let py = obj.py();
-    let ndarray = NDARRAY.get_or_init(py, || {
-        // SAFETY: numpy's API returns its (immortal) ndarray type object; we keep a reference.
-        unsafe {
-            Bound::from_borrowed_ptr(py, npyffi::get_type_object(py, npyffi::NpyTypes::PyArray_Type).cast())
-                .cast_into_unchecked::<pyo3::types::PyType>()
-                .unbind()
-        }
-    });
-    let ndarray = ndarray.as_ptr().cast::<pyo3::ffi::PyTypeObject>();
+    NDARRAY
+        .get_or_init(py, || {
+            // SAFETY: numpy's API returns its (immortal) ndarray type object; we keep a reference.
+            unsafe {
+                Bound::from_borrowed_ptr(py, npyffi::get_type_object(py, npyffi::NpyTypes::PyArray_Type).cast())
+                    .cast_into_unchecked::<pyo3::types::PyType>()
+                    .unbind()
+            }
+        })
+        .bind(py)
+}
+
+/// `obj` as an ndarray (or a subclass: callers decide which subclasses they accept).
+pub fn as_ndarray<'a, 'py>(obj: &'a Bound<'py, PyAny>) -> Option<&'a Bound<'py, PyUntypedArray>> {
+    let ndarray = ndarray_type(obj.py()).as_ptr().cast::<pyo3::ffi::PyTypeObject>();
     // SAFETY: reading the type of a live object and comparing type objects.
     let is_array = unsafe {
         let ty = pyo3::ffi::Py_TYPE(obj.as_ptr());
         ty == ndarray || pyo3::ffi::PyType_IsSubtype(ty, ndarray) != 0
     };
+    // SAFETY: just checked to be an ndarray instance.
+    is_array.then(|| unsafe { obj.cast_unchecked::<PyUntypedArray>() })
+}
+
+/// `obj` as an ndarray of exactly that type (no subclass): the fast lane's test, one pointer
+/// comparison.
+pub fn as_exact_ndarray<'a, 'py>(obj: &'a Bound<'py, PyAny>) -> Option<&'a Bound<'py, PyUntypedArray>> {
+    let ndarray = ndarray_type(obj.py()).as_ptr().cast::<pyo3::ffi::PyTypeObject>();
+    // SAFETY: reading the type of a live object and comparing type objects.
+    let is_array = unsafe { pyo3::ffi::Py_TYPE(obj.as_ptr()) == ndarray };
     // SAFETY: just checked to be an ndarray instance.
     is_array.then(|| unsafe { obj.cast_unchecked::<PyUntypedArray>() })
 }
