@@ -264,7 +264,7 @@ fn try_lane<'py, A: std::ops::Deref<Target = Bound<'py, PyAny>>>(
     Ok(Some(result))
 }
 
-/// The view fast lane (see `opbridge_ops::registry::ViewLane`): every argument an ndarray of one
+/// The view fast lane (see `opbridge_ops::registry::ViewLane`): every argument an exact ndarray of one
 /// dtype the lane accepts, aligned, in native byte order, with strides in whole elements (any
 /// layout: transposed views are read in place), no attributes, and `out` (when given) a plain
 /// C-contiguous writeable ndarray of the lane's shape and dtype, disjoint from the inputs.
@@ -283,7 +283,7 @@ fn try_view_lane<'py, A: std::ops::Deref<Target = Bound<'py, PyAny>>>(
     }
     let mut views: Few<TensorView> = Few::new();
     for arg in args {
-        let Some(array) = np_ffi::as_ndarray(&arg) else { return Ok(None) };
+        let Some(array) = np_ffi::as_exact_ndarray(&arg) else { return Ok(None) };
         let layout = np_ffi::layout(array);
         let Some(dtype) = np_ffi::dtype_of_num(layout.type_num) else { return Ok(None) };
         let size = dtype.size() as isize;
@@ -316,7 +316,7 @@ fn try_view_lane<'py, A: std::ops::Deref<Target = Bound<'py, PyAny>>>(
             (TensorView::contiguous(fresh.layout().data, dtype, &shape), fresh.array.into_any())
         }
         Some(given) => {
-            let Some(array) = np_ffi::as_ndarray(given) else { return Ok(None) };
+            let Some(array) = np_ffi::as_exact_ndarray(given) else { return Ok(None) };
             let layout = np_ffi::layout(array);
             let usable = layout.is_c_contiguous()
                 && layout.is_aligned()
