@@ -23,9 +23,9 @@ pub fn parse_device(device: Option<&str>) -> PyResult<DeviceId> {
     match device {
         None => Ok(DeviceId::CPU),
         Some(text) => DeviceId::parse(text).ok_or_else(|| match text.split_once(':') {
-            Some((_, index)) if !index.is_empty() && index.bytes().all(|b| b.is_ascii_digit()) => argument_error(
-                format!("device {text:?}: index {index} is out of range (at most {})", usize::MAX),
-            ),
+            Some((_, index)) if !index.is_empty() && index.bytes().all(|b| b.is_ascii_digit()) => {
+                argument_error(format!("device {text:?}: index {index} is out of range (at most {})", usize::MAX))
+            }
             _ => device_error(format!("unknown device {text:?}: expected 'cpu', 'cpu:0', 'cuda:N' or 'ascend:N'")),
         }),
     }
@@ -35,7 +35,10 @@ pub fn parse_device(device: Option<&str>) -> PyResult<DeviceId> {
 /// `what`, in `min..=max`. Everything else is an `ArgumentError` naming the argument: a value
 /// out of range (never Python's `OverflowError`), a bool, a float or another type.
 pub fn int_arg(what: &str, value: &Bound<'_, PyAny>, min: i128, max: i128) -> PyResult<i128> {
-    if value.is_instance_of::<pyo3::types::PyBool>() || value.is_instance_of::<pyo3::types::PyFloat>() {
+    if value.is_instance_of::<pyo3::types::PyBool>()
+        || value.is_instance_of::<pyo3::types::PyFloat>()
+        || value.is_instance_of::<pyo3::types::PyType>()
+    {
         return Err(argument_error(format!("{what} must be an int, got {}", type_name(value))));
     }
     let index = match value.call_method0("__index__") {

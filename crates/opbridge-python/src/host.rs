@@ -40,7 +40,14 @@ impl<'py> HostArray<'py> {
                 } else {
                     np.call_method1("asarray", (obj,))
                 };
-                converted?.cast_into::<PyUntypedArray>()?
+                // numpy's own refusal (a ragged list: ValueError; an object it cannot read:
+                // TypeError...) becomes the argument's error, with numpy's as its cause.
+                let converted = converted.and_then(|a| Ok(a.cast_into::<PyUntypedArray>()?)).map_err(|e| {
+                    let error = argument_error(format!("{op}: {name} cannot be converted to an array: {e}"));
+                    error.set_cause(obj.py(), Some(e));
+                    error
+                })?;
+                converted
             }
         };
         let layout = np_ffi::layout(&array);

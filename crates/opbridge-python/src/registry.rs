@@ -59,8 +59,11 @@ fn attr_value(op: &str, key: &str, spec: Option<&AttrSpec>, value: &Bound<'_, Py
         return Ok(AttrValue::Str(s.to_str()?.to_string()));
     }
     // numpy scalars and other int- or float-likes (rare: the failed attempts are fine here).
-    if value.hasattr("__index__")? {
-        return int_attr(op, key, spec, &value.call_method0("__index__")?);
+    // (`np.int32` the type has an unbound `__index__` too: types travel as dtypes, below.)
+    if !value.is_instance_of::<pyo3::types::PyType>() && value.hasattr("__index__")? {
+        if let Ok(index) = value.call_method0("__index__") {
+            return int_attr(op, key, spec, &index);
+        }
     }
     if let Ok(x) = value.extract::<f64>() {
         return Ok(AttrValue::Float(x));
@@ -76,7 +79,7 @@ fn attr_value(op: &str, key: &str, spec: Option<&AttrSpec>, value: &Bound<'_, Py
                 )));
             }
             ints.push(
-                crate::convert::int_arg(&format!("{op}: {key}[{i}]"), &item, i64::MIN.into(), i64::MAX.into())? as i64,
+                crate::convert::int_arg(&format!("{op}: {key}[{i}]"), &item, i64::MIN.into(), i64::MAX.into())? as i64
             );
         }
         return Ok(AttrValue::Ints(ints));
@@ -363,9 +366,9 @@ fn call_tensor<'py>(
     let schema = entry.schema();
     let name = schema.name.as_str();
     let mut inputs: Few<Option<Arc<Tensor>>> = Few::new();
-    for input in &call.inputs {
+    for (spec, input) in schema.inputs.iter().zip(&call.inputs) {
         inputs.push(match input {
-            Some(obj) => Some(Arc::clone(&as_tensor(name, obj)?.inner)),
+            Some(obj) => Some(Arc::clone(&as_tensor(name, &spec.name, obj)?.inner)),
             None => None,
         });
     }

@@ -187,11 +187,11 @@ impl PyTensor {
         let device = self.inner.device();
         let dl_device = match dl_device {
             Some(d) if !d.is_none() => {
-                let pair: Vec<Bound<'py, PyAny>> = d
-                    .extract()
-                    .ok()
-                    .filter(|p: &Vec<Bound<'py, PyAny>>| p.len() == 2)
-                    .ok_or_else(|| argument_error("dl_device must be a (device_type, device_id) pair".into()))?;
+                let pair: Vec<Bound<'py, PyAny>> =
+                    d.extract()
+                        .ok()
+                        .filter(|p: &Vec<Bound<'py, PyAny>>| p.len() == 2)
+                        .ok_or_else(|| argument_error("dl_device must be a (device_type, device_id) pair".into()))?;
                 let int = |what: &str, v: &Bound<'py, PyAny>| {
                     crate::convert::int_arg(what, v, i32::MIN.into(), i32::MAX.into()).map(|v| v as i32)
                 };
@@ -235,14 +235,14 @@ impl PyTensor {
 /// A tensor input: an `opbridge.Tensor`, or a numpy array copied at the call (what a
 /// host-to-device copy from pageable memory does in CUDA): the kernel runs later on a stream,
 /// and the caller may change or drop the array as soon as the call returns.
-pub fn as_tensor<'py>(op: &str, obj: &Bound<'py, PyAny>) -> PyResult<PyRef<'py, PyTensor>> {
-    tensor_arg(op, obj, Role::Input)
+pub fn as_tensor<'py>(op: &str, what: &str, obj: &Bound<'py, PyAny>) -> PyResult<PyRef<'py, PyTensor>> {
+    tensor_arg(op, what, obj, Role::Input)
 }
 
 /// An `out=` tensor: a numpy array is wrapped zero-copy (host memory is the CPU device's
 /// memory) and must be writable in place as it is; callers synchronize before returning it.
 pub fn as_out_tensor<'py>(op: &str, obj: &Bound<'py, PyAny>) -> PyResult<PyRef<'py, PyTensor>> {
-    tensor_arg(op, obj, Role::Out)
+    tensor_arg(op, "out", obj, Role::Out)
 }
 
 /// How a numpy argument becomes a tensor: an input is snapshotted, an `out=` wrapped in place.
@@ -252,11 +252,11 @@ enum Role {
     Out,
 }
 
-fn tensor_arg<'py>(op: &str, obj: &Bound<'py, PyAny>, role: Role) -> PyResult<PyRef<'py, PyTensor>> {
+fn tensor_arg<'py>(op: &str, what: &str, obj: &Bound<'py, PyAny>, role: Role) -> PyResult<PyRef<'py, PyTensor>> {
     if let Ok(tensor) = obj.cast::<PyTensor>() {
         return Ok(tensor.borrow());
     }
-    let mut host = HostArray::extract(op, "argument", obj, &DType::ALL)?;
+    let mut host = HostArray::extract(op, what, obj, &DType::ALL)?;
     if role == Role::Input {
         // A private, native, C-contiguous snapshot that only the new tensor references.
         let dtype = host.dtype;

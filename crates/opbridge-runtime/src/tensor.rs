@@ -302,7 +302,9 @@ impl Tensor {
             // "asynchronous error on cpu:0 stream 3, in the work that wrote this tensor: ..."
             Some(error) => Err(Error::Async {
                 stream: match pending {
-                    Some((stream, _)) => format!("{} stream {}, in the work that wrote this tensor", self.device, stream.0),
+                    Some((stream, _)) => {
+                        format!("{} stream {}, in the work that wrote this tensor", self.device, stream.0)
+                    }
                     None => format!("{}, in the work that wrote this tensor", self.device),
                 },
                 error,

@@ -180,7 +180,8 @@ impl Library {
             specs.push(spec);
         }
 
-        let handle = Arc::new(Handle { path: path.clone(), lib: RwLock::new(Some(lib)), closed: AtomicBool::new(false) });
+        let handle =
+            Arc::new(Handle { path: path.clone(), lib: RwLock::new(Some(lib)), closed: AtomicBool::new(false) });
         let mut library = Library {
             path: path.clone(),
             name,

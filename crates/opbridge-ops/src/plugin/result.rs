@@ -361,7 +361,11 @@ pub unsafe fn validate(desc: &sys::OpbOpDesc) -> Result<OpSpec, String> {
             name,
             version: desc.version,
             doc: doc.trim().to_string(),
-            inputs: inputs.into_iter().zip(optional).map(|(name, optional)| InputSpec { name, optional, dtypes: Vec::new() }).collect(),
+            inputs: inputs
+                .into_iter()
+                .zip(optional)
+                .map(|(name, optional)| InputSpec { name, optional, dtypes: Vec::new() })
+                .collect(),
             outputs,
             attrs,
             dtypes,
