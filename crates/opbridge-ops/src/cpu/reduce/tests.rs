@@ -456,7 +456,7 @@ fn zero_results_take_the_sign_numpy_gives_them() {
         let decides = (0..n).filter(|&k| {
             let mut x = vec![T::from_f64(base); n];
             x[k] = T::from_f64(odd);
-            extreme_sign(op, &x) == (odd as f64).is_sign_negative()
+            extreme_sign(op, &x) == f64::is_sign_negative(odd)
         });
         let found: Vec<usize> = decides.collect();
         assert!(found.len() <= 1, "{found:?}");

@@ -104,7 +104,7 @@ fn unrolled_line<T: Ordered, const MAX: bool>(init: T, e: &dyn Fn(usize) -> T, l
     let mut out = init;
     let mut i = 0;
     if len >= 8 {
-        let mut m: [T; 8] = std::array::from_fn(|k| e(k));
+        let mut m: [T; 8] = std::array::from_fn(e);
         i = 8;
         while i + 8 <= len {
             for (k, m) in m.iter_mut().enumerate() {
