@@ -47,7 +47,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from . import tuning
-from ._native import Library, OpBridgeError
+from ._native import ArgumentError, Library, OpBridgeError
 
 __all__ = ["JitCompileError", "JitLibrary", "compile", "default_cache_dir"]
 
@@ -57,7 +57,9 @@ _LANGS = {"c": ("c", "CC", "cc"), "c++": ("cpp", "CXX", "c++")}
 _LANG_ALIASES = {"c": "c", "c++": "c++", "cpp": "c++", "cxx": "c++"}
 _BASE_FLAGS = ("-O3", "-shared", "-fPIC")
 _SUFFIX = ".dylib" if sys.platform == "darwin" else ".so"
-_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$")
+# Names become file names and appear in compiler messages: a letter, digit or '_' first, then up
+# to 99 of those or '.' and '-' (matched whole: no trailing newline slips through `$`).
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
 
 # (compiler path, mtime, size) -> its --version output, so repeated calls do not run it again.
 _versions: dict[tuple[str, int, int], str] = {}
@@ -324,17 +326,34 @@ def compile(
         JitCompileError: the compiler is missing or rejected the source (its message included).
         OpBridgeError: the compiled library is not a valid plugin (see ``load_library``).
     """
-    if not _NAME.match(name):
-        raise ValueError(f"name {name!r}: use letters, digits, '_', '-' and '.'")
-    lang = _LANG_ALIASES.get(lang.lower(), "")
-    if not lang:
-        raise ValueError("lang must be 'c' or 'c++'")
-    flags = [str(f) for f in flags]
+    # Every argument is checked here, before anything runs: a wrong type or value of any of them
+    # is an ArgumentError (a ValueError) naming it.
+    if not isinstance(source, str):
+        raise ArgumentError(f"source must be a str of C or C++ source, got {type(source).__name__}")
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ArgumentError(
+            f"name {name!r}: use 1 to 100 letters, digits, '_', '-' and '.', starting with no '.' or '-'"
+        )
+    if not isinstance(lang, str) or not _LANG_ALIASES.get(lang.lower()):
+        raise ArgumentError(f"lang must be 'c' or 'c++', got {lang!r}")
+    lang = _LANG_ALIASES[lang.lower()]
+    if compiler is not None and (not isinstance(compiler, str) or not compiler):
+        raise ArgumentError(f"compiler must be a command name or path, got {compiler!r}")
+    if isinstance(flags, (str, bytes)) or not all(isinstance(f, str) for f in flags):
+        raise ArgumentError(f"flags must be a sequence of str, e.g. ('-DN=4',), got {flags!r}")
+    flags = list(flags)
+    if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
+        raise ArgumentError(f"cache_dir must be a path, got {type(cache_dir).__name__}")
+    folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a file where the folder should be, no permission...
+        raise ArgumentError(f"cache_dir {str(folder)!r} cannot be used as a folder: {e}") from e
+    if not folder.is_dir():
+        raise ArgumentError(f"cache_dir {str(folder)!r} is not a folder")
     compiler_path = _compiler(lang, compiler)
     header = (_include_dir() / "opbridge" / "plugin.h").read_bytes()
     key = _cache_key(source, lang, compiler_path, _compiler_version(compiler_path), flags, header)
-    folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    folder.mkdir(parents=True, exist_ok=True)
     target = folder / f"{key}{_SUFFIX}"
 
     # Only a library whose bytes match its record reaches the dynamic loader: loading a truncated

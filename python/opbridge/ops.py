@@ -45,8 +45,9 @@ def _signature(schema: dict[str, Any]) -> inspect.Signature:
 def _docstring(op: Op, schema: dict[str, Any]) -> str:
     lines = [f"{op.signature}", "", schema["doc"] or f"The {op.name} operator.", ""]
     lines.append("Args:")
-    for name, optional in schema["inputs"]:
-        lines.append(f"    {name}: {'optional ' if optional else ''}array or Tensor of {', '.join(schema['dtypes'])}.")
+    per_input = schema.get("input_dtypes") or [schema["dtypes"]] * len(schema["inputs"])
+    for (name, optional), dtypes in zip(schema["inputs"], per_input, strict=True):
+        lines.append(f"    {name}: {'optional ' if optional else ''}array or Tensor of {', '.join(dtypes)}.")
     for name, default, required, doc in schema["attrs"]:
         suffix = "" if required else f" Default: {default!r}."
         lines.append(f"    {name}: {doc}{suffix}")

@@ -35,7 +35,11 @@ pub enum OpError {
     DuplicateOperator { name: String, version: u32, existing: String },
     #[error("invalid operator {name:?}: {message}")]
     InvalidOperator { name: String, message: String },
-    #[error("{op}: unexpected argument {name:?}; it takes: {known}")]
+    /// `known` lists the attribute names (empty: the operator takes none).
+    #[error(
+        "{op}: unexpected argument {name:?}; {}",
+        if known.is_empty() { "it takes no arguments besides its inputs (and out=)".to_string() } else { format!("it takes: {known}") }
+    )]
     UnknownAttribute { op: String, name: String, known: String },
     #[error("{op}: missing required argument {name:?}")]
     MissingAttribute { op: String, name: String },
@@ -50,6 +54,10 @@ pub enum OpError {
     /// power...); classified by [`KernelError::kind`].
     #[error("{op}: {error}")]
     CpuKernel { op: OpName, error: KernelError },
+    /// A call's scratch memory that the host cannot allocate (more than the address space or
+    /// the system's memory): out of memory, as a pool's workspace would be.
+    #[error("{op}: out of memory: cannot allocate a workspace of {bytes} bytes on the host")]
+    Workspace { op: OpName, bytes: usize },
     #[error(transparent)]
     Runtime(#[from] opbridge_runtime::Error),
     /// An operator library that cannot be loaded (not a plugin, wrong ABI, malformed descriptor)
@@ -80,6 +88,7 @@ impl OpError {
             OpError::DType { .. } => ErrorKind::DType,
             OpError::Device { .. } => ErrorKind::Device,
             OpError::CpuKernel { error, .. } => error.kind(),
+            OpError::Workspace { .. } => ErrorKind::OutOfMemory,
             OpError::Argument { .. }
             | OpError::Kernel { .. }
             | OpError::UnknownAttribute { .. }

@@ -52,7 +52,16 @@ pub fn op<O: sdk::Op>() -> Result<Native<O>> {
     let described = catch_unwind(sdk::describe::<O>).map_err(|panic| invalid(panic_text(&*panic)))?;
     // SAFETY: every pointer of the descriptor points into `described` (or statics), alive and
     // unchanged for the call; `validate` copies what it keeps.
-    let spec = unsafe { result::validate(described.desc()) }.map_err(invalid)?;
+    let mut spec = unsafe { result::validate(described.desc()) }.map_err(invalid)?;
+    for &(input, dtypes) in O::INPUT_DTYPE_SETS {
+        let Some(spec) = spec.schema.inputs.iter_mut().find(|i| i.name == input) else {
+            return Err(invalid(format!("INPUT_DTYPE_SETS names {input:?}, which is not an input")));
+        };
+        if dtypes.is_empty() || dtypes.iter().any(|d| !O::DTYPES.contains(d)) {
+            return Err(invalid(format!("INPUT_DTYPE_SETS for {input:?} must be a non-empty subset of DTYPES")));
+        }
+        spec.dtypes = dtypes.to_vec();
+    }
     Ok(Native {
         spec,
         lane: None,

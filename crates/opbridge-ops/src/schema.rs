@@ -40,6 +40,9 @@ pub struct AttrSpec {
     pub name: String,
     pub default: Option<AttrValue>,
     pub doc: String,
+    /// A float attribute: a front end converts an integer given for it (of any size) to a
+    /// float, as Python's `float()` does.
+    pub takes_float: bool,
 }
 
 /// A tensor input; optional ones may be passed as `None` (e.g. layer_norm's weight).
@@ -47,6 +50,20 @@ pub struct AttrSpec {
 pub struct InputSpec {
     pub name: String,
     pub optional: bool,
+    /// The dtypes this input takes when fewer than the schema's `dtypes` (empty: those);
+    /// documentation, the operator's shape function checks them.
+    pub dtypes: Vec<DType>,
+}
+
+impl InputSpec {
+    /// The dtypes this input takes, given the operator's.
+    pub fn dtypes<'a>(&'a self, schema_dtypes: &'a [DType]) -> &'a [DType] {
+        if self.dtypes.is_empty() {
+            schema_dtypes
+        } else {
+            &self.dtypes
+        }
+    }
 }
 
 /// The full description of one version of an operator.

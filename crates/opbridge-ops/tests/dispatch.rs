@@ -407,3 +407,61 @@ fn a_child_pool_quota_covers_the_kernel_workspace(ctx: &'static Arc<DeviceContex
     assert!(peak >= n * 1024 + roomy.parent().block_size(n * 4), "the workspace counted: peak {peak}");
 }
 test_device!(a_child_pool_quota_covers_the_kernel_workspace);
+
+/// An operator whose workspace is `bytes` (an attribute): sizes no allocator can serve.
+struct Greedy;
+
+impl opbridge_plugin_sdk::Op for Greedy {
+    const NAME: &'static str = "greedy";
+    const VERSION: u32 = 1;
+    const INPUTS: &'static [&'static str] = &["x"];
+    const ATTRS: &'static [opbridge_plugin_sdk::Attr] = &[opbridge_plugin_sdk::Attr::int("bytes", 0)];
+    const DTYPES: &'static [DType] = &[DType::F32];
+    const WORKSPACE: Option<opbridge_plugin_sdk::WorkspaceFn> =
+        Some(|_, attrs| attrs.int("bytes").map_or(0, |b| b as u64 as usize));
+
+    fn infer(
+        inputs: &opbridge_plugin_sdk::Inputs<'_, opbridge_plugin_sdk::Meta>,
+        _: &opbridge_plugin_sdk::Attrs<'_>,
+    ) -> opbridge_plugin_sdk::Result<Vec<opbridge_plugin_sdk::Meta>> {
+        Ok(vec![inputs[0].clone()])
+    }
+
+    fn run(
+        _: &opbridge_plugin_sdk::Inputs<'_, opbridge_plugin_sdk::Tensor<'_>>,
+        _: &mut [opbridge_plugin_sdk::TensorMut<'_>],
+        _: &opbridge_plugin_sdk::Attrs<'_>,
+        _: &mut [u8],
+    ) -> opbridge_plugin_sdk::Result<()> {
+        Ok(())
+    }
+}
+
+/// A workspace too large to allocate is out of memory on both paths: the host workspace of
+/// `run_cpu` (the numpy path) and the call allocator's (the tensor path); sizes past the address
+/// space too.
+fn an_unallocatable_workspace_is_out_of_memory(ctx: &'static Arc<DeviceContext>) {
+    let _serial = serial();
+    let own = Registry::new();
+    let op = opbridge_ops::native::register::<Greedy>(&own, opbridge_ops::Source::Builtin).unwrap();
+    let stream = Stream::new(ctx).unwrap();
+    let x = tensor_f32(ctx, &stream, &[4], &[1.0; 4]);
+    let mut out = [0f32; 4];
+    for bytes in [-1i64, i64::MAX, 1 << 62, (1 << 47) + 3] {
+        let attrs = attrs(&op, &[("bytes", AttrValue::Int(bytes))]);
+        let input = TensorView::of_tensor(&x);
+        let output = TensorView::contiguous(out.as_mut_ptr() as usize, DType::F32, &[4]);
+        let host = op.op.run_cpu(&[Some(input)], &[output], &attrs).unwrap_err();
+        assert_eq!(host.kind(), ErrorKind::OutOfMemory, "host workspace of {bytes} bytes: {host}");
+        assert!(matches!(host, OpError::Workspace { .. }), "{host:?}");
+        assert!(host.to_string().starts_with("greedy: out of memory"), "{host}");
+        let pooled = dispatch::launch(&op, &attrs, &[Some(x.clone())], None, &stream, ctx.pool()).unwrap_err();
+        assert_eq!(pooled.kind(), ErrorKind::OutOfMemory, "pool workspace of {bytes} bytes: {pooled}");
+    }
+    stream.synchronize().unwrap();
+    // A size that fits runs.
+    let fits = attrs(&op, &[("bytes", AttrValue::Int(4096))]);
+    let output = TensorView::contiguous(out.as_mut_ptr() as usize, DType::F32, &[4]);
+    op.op.run_cpu(&[Some(TensorView::of_tensor(&x))], &[output], &fits).unwrap();
+}
+test_device!(an_unallocatable_workspace_is_out_of_memory);

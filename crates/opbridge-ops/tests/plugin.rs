@@ -777,3 +777,32 @@ fn a_registry_of_its_own_holds_only_what_was_loaded_into_it() {
     assert!(own.get("vector_add", Some(1)).is_ok());
     assert!(matches!(opbridge_ops::register_builtins(&own), Err(OpError::DuplicateOperator { .. })));
 }
+
+/// Every entry into a library after its unload fails at once, remembered results included: the
+/// shape function's and the input-dtype rule's memos answer only while the library is open, and
+/// the workspace size is never asked.
+#[test]
+fn after_an_unload_no_entry_into_the_library_answers() {
+    let probe = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/plugins/probe.c");
+    let path = scratch_dir().join("libprobe_unload.so");
+    compile(&std::fs::read_to_string(probe).unwrap(), &path, &["-shared"]);
+    let lib = load(&path).unwrap();
+    let entry = opbridge_ops::global().get("probe", None).unwrap();
+    let attrs = entry.schema().bind_attrs([("bytes", AttrValue::Int(64))]).unwrap();
+    let inputs = [Some(Meta::new(DType::F64, &[3]))];
+    // Warm both memos with this signature.
+    for _ in 0..2 {
+        assert_eq!(entry.op.infer(&inputs, &attrs).unwrap(), vec![Meta::new(DType::F64, &[3])]);
+        assert_eq!(entry.op.input_dtypes(&inputs, &attrs).unwrap(), vec![Some(DType::F64)]);
+        assert_eq!(entry.op.workspace_size(&inputs, &attrs).unwrap(), 64);
+    }
+    lib.unload().unwrap();
+    let unloaded = |r: Result<(), OpError>, what: &str| match r {
+        Err(OpError::Unloaded { name, version: 1, .. }) if name == "probe" => {}
+        other => panic!("{what} after the unload: {other:?}"),
+    };
+    unloaded(entry.op.infer(&inputs, &attrs).map(drop), "infer");
+    unloaded(entry.op.input_dtypes(&inputs, &attrs).map(drop), "input_dtypes");
+    unloaded(entry.op.workspace_size(&inputs, &attrs).map(drop), "workspace_size");
+    unloaded(opbridge_ops::dispatch::plan(&entry, &inputs, &attrs).map(drop), "plan");
+}

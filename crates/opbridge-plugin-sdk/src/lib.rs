@@ -373,6 +373,10 @@ pub trait Op: 'static {
     const ATTRS: &'static [Attr] = &[];
     /// dtypes the inputs may have; opbridge rejects others before calling `infer`.
     const DTYPES: &'static [DType];
+    /// Inputs (by name) that take fewer dtypes than `DTYPES` (an index input of an integer
+    /// dtype only, say), for the operator's documentation: `infer` still checks them. Read by a
+    /// host that registers the operator in-process; the C ABI does not carry it.
+    const INPUT_DTYPE_SETS: &'static [(&'static str, &'static [DType])] = &[];
     /// The dtypes inputs are converted to before `run` (numpy's promotion, for instance);
     /// `None` (the default): inputs keep their dtypes. `infer` sees the caller's dtypes. Pure,
     /// like `infer`.

@@ -7,7 +7,7 @@ use opbridge_runtime::{DType, DeviceId};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 
-use crate::errors::{device_error, dtype_error};
+use crate::errors::{argument_error, device_error, dtype_error};
 use crate::ffi::numpy as np_ffi;
 
 static NUMPY: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
@@ -17,14 +17,54 @@ pub fn numpy(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
     Ok(NUMPY.get_or_try_init(py, || py.import("numpy").map(Bound::unbind))?.bind(py))
 }
 
-/// A device argument (`None` is `cpu:0`), parsed by `DeviceId::parse`.
+/// A device argument (`None` is `cpu:0`), parsed by `DeviceId::parse`. An index too large for
+/// any device is an argument error; a name that is no device, a `DeviceError`.
 pub fn parse_device(device: Option<&str>) -> PyResult<DeviceId> {
     match device {
         None => Ok(DeviceId::CPU),
-        Some(text) => DeviceId::parse(text).ok_or_else(|| {
-            device_error(format!("unknown device {text:?}: expected 'cpu', 'cpu:0', 'cuda:N' or 'ascend:N'"))
+        Some(text) => DeviceId::parse(text).ok_or_else(|| match text.split_once(':') {
+            Some((_, index)) if !index.is_empty() && index.bytes().all(|b| b.is_ascii_digit()) => {
+                argument_error(format!("device {text:?}: index {index} is out of range (at most {})", usize::MAX))
+            }
+            _ => device_error(format!("unknown device {text:?}: expected 'cpu', 'cpu:0', 'cuda:N' or 'ascend:N'")),
         }),
     }
+}
+
+/// A Python int (or an object with `__index__`, such as a numpy integer) for the argument
+/// `what`, in `min..=max`. Everything else is an `ArgumentError` naming the argument: a value
+/// out of range (never Python's `OverflowError`), a bool, a float or another type.
+pub fn int_arg(what: &str, value: &Bound<'_, PyAny>, min: i128, max: i128) -> PyResult<i128> {
+    if value.is_instance_of::<pyo3::types::PyBool>()
+        || value.is_instance_of::<pyo3::types::PyFloat>()
+        || value.is_instance_of::<pyo3::types::PyType>()
+    {
+        return Err(argument_error(format!("{what} must be an int, got {}", type_name(value))));
+    }
+    let index = match value.call_method0("__index__") {
+        Ok(index) => index,
+        Err(_) => return Err(argument_error(format!("{what} must be an int, got {}", type_name(value)))),
+    };
+    match index.extract::<i128>() {
+        Ok(v) if (min..=max).contains(&v) => Ok(v),
+        _ => Err(argument_error(format!("{what} is out of range: got {}, expected {min} to {max}", short_int(&index)))),
+    }
+}
+
+/// An int for a message: its digits, or its size when that would be a wall of digits (and
+/// Python refuses to print ints of more than 4300 digits).
+pub fn short_int(value: &Bound<'_, PyAny>) -> String {
+    let bits: u64 = value.call_method0("bit_length").and_then(|b| b.extract()).unwrap_or(0);
+    if bits <= 128 {
+        return value.str().map(|s| s.to_string()).unwrap_or_else(|_| "?".into());
+    }
+    let sign = value.lt(0i32).unwrap_or(false);
+    format!("{}an int of {bits} bits", if sign { "-" } else { "" })
+}
+
+/// `type(value).__name__`, for messages.
+pub fn type_name(value: &Bound<'_, PyAny>) -> String {
+    value.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into())
 }
 
 /// A dtype argument (anything `numpy.dtype` accepts; `None` is float32).

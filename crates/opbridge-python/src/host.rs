@@ -170,7 +170,13 @@ pub fn as_array<'py>(op: &str, name: &str, obj: &Bound<'py, PyAny>) -> PyResult<
     } else {
         np.call_method1("asarray", (obj,))
     };
-    Ok(converted?.cast_into::<PyUntypedArray>()?)
+    // numpy's own refusal (a ragged list: ValueError; an object it cannot read: TypeError...)
+    // becomes the argument's error, with numpy's as its cause.
+    converted.and_then(|a| Ok(a.cast_into::<PyUntypedArray>()?)).map_err(|e| {
+        let error = argument_error(format!("{op}: {name} cannot be converted to an array: {e}"));
+        error.set_cause(obj.py(), Some(e));
+        error
+    })
 }
 
 /// The hooks through which an ndarray subclass gives its values a meaning of its own (a

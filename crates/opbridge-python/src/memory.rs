@@ -49,7 +49,11 @@ pub fn get_memory_pool_stats<'py>(py: Python<'py>, device: Option<&str>) -> PyRe
 /// it first release the cache, then raise ``OutOfMemoryError``.
 #[pyfunction]
 #[pyo3(signature = (limit, device=None))]
-pub fn set_memory_limit(py: Python<'_>, limit: Option<usize>, device: Option<&str>) -> PyResult<()> {
+pub fn set_memory_limit(py: Python<'_>, limit: Option<&Bound<'_, PyAny>>, device: Option<&str>) -> PyResult<()> {
+    let limit = match limit {
+        None => None,
+        Some(limit) => Some(crate::convert::int_arg("limit", limit, 0, usize::MAX as i128)? as usize),
+    };
     let ctx = context(device)?;
     py.detach(|| ctx.pool().set_limit(limit)).map_err(to_pyerr)
 }

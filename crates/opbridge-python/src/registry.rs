@@ -10,6 +10,7 @@ use std::sync::{Arc, OnceLock};
 use numpy::{PyUntypedArray, PyUntypedArrayMethods};
 use opbridge_ops::dispatch;
 use opbridge_ops::registry::{Entry, Lane, Registry, ViewLane};
+use opbridge_ops::schema::AttrSpec;
 use opbridge_ops::{overlap, AttrValue, Attrs, Meta, Overlap, TensorView};
 use opbridge_runtime::{DType, DeviceContext, DeviceId, Tensor};
 use pyo3::exceptions::PyTypeError;
@@ -36,8 +37,10 @@ fn registry() -> &'static Registry {
     opbridge_ops::global()
 }
 
-/// A Python value as an attribute value.
-fn attr_value(value: &Bound<'_, PyAny>) -> PyResult<AttrValue> {
+/// A Python value as the value of the attribute `key` of the operator `op` (`spec`: its
+/// declaration, when it has one). Every value that cannot be one is an `ArgumentError` naming
+/// the argument.
+fn attr_value(op: &str, key: &str, spec: Option<&AttrSpec>, value: &Bound<'_, PyAny>) -> PyResult<AttrValue> {
     if value.is_none() {
         return Ok(AttrValue::None);
     }
@@ -47,7 +50,7 @@ fn attr_value(value: &Bound<'_, PyAny>) -> PyResult<AttrValue> {
         return Ok(AttrValue::Bool(b.is_true()));
     }
     if value.is_instance_of::<pyo3::types::PyInt>() {
-        return Ok(AttrValue::Int(value.extract()?));
+        return int_attr(op, key, spec, value);
     }
     if value.is_instance_of::<pyo3::types::PyFloat>() {
         return Ok(AttrValue::Float(value.extract()?));
@@ -56,20 +59,62 @@ fn attr_value(value: &Bound<'_, PyAny>) -> PyResult<AttrValue> {
         return Ok(AttrValue::Str(s.to_str()?.to_string()));
     }
     // numpy scalars and other int- or float-likes (rare: the failed attempts are fine here).
-    if let Ok(i) = value.extract::<i64>() {
-        return Ok(AttrValue::Int(i));
+    // (`np.int32` the type has an unbound `__index__` too: types travel as dtypes, below.)
+    if !value.is_instance_of::<pyo3::types::PyType>() && value.hasattr("__index__")? {
+        if let Ok(index) = value.call_method0("__index__") {
+            return int_attr(op, key, spec, &index);
+        }
     }
     if let Ok(x) = value.extract::<f64>() {
         return Ok(AttrValue::Float(x));
     }
-    if let Ok(v) = value.extract::<Vec<i64>>() {
-        return Ok(AttrValue::Ints(v));
+    if value.is_instance_of::<PyList>() || value.is_instance_of::<PyTuple>() {
+        let mut ints = Vec::with_capacity(value.len()?);
+        for (i, item) in value.try_iter()?.enumerate() {
+            let item = item?;
+            if item.is_instance_of::<pyo3::types::PyBool>() || !item.hasattr("__index__")? {
+                return Err(argument_error(format!(
+                    "{op}: {key} must be a list of ints, got {} at position {i}",
+                    crate::convert::type_name(&item)
+                )));
+            }
+            ints.push(
+                crate::convert::int_arg(&format!("{op}: {key}[{i}]"), &item, i64::MIN.into(), i64::MAX.into())? as i64
+            );
+        }
+        return Ok(AttrValue::Ints(ints));
     }
     // numpy dtypes and scalar types (`dtype=np.float32`) travel by name.
     if let Ok(descr) = crate::convert::numpy(value.py())?.call_method1("dtype", (value,)) {
         return Ok(AttrValue::Str(descr.getattr("name")?.extract()?));
     }
-    Err(argument_error(format!("unsupported argument value {value} of type {}", value.get_type().name()?)))
+    Err(argument_error(format!(
+        "{op}: unsupported value for {key}: {value} of type {}",
+        crate::convert::type_name(value)
+    )))
+}
+
+/// An int attribute value. A float attribute takes any int, converted as Python's `float()`
+/// converts it; other attributes take 64-bit integers.
+fn int_attr(op: &str, key: &str, spec: Option<&AttrSpec>, value: &Bound<'_, PyAny>) -> PyResult<AttrValue> {
+    let takes_float = spec.is_some_and(|s| s.takes_float);
+    match value.extract::<i64>() {
+        // Exact up to 2**53, then rounded to nearest like `float()` (the kernel side's `as f64`).
+        Ok(i) => Ok(AttrValue::Int(i)),
+        Err(_) if takes_float => match value.extract::<f64>() {
+            Ok(x) => Ok(AttrValue::Float(x)),
+            Err(_) => Err(argument_error(format!(
+                "{op}: {key} is too large for a float: {}",
+                crate::convert::short_int(value)
+            ))),
+        },
+        Err(_) => Err(argument_error(format!(
+            "{op}: {key} is out of range: got {}, expected a 64-bit integer ({} to {})",
+            crate::convert::short_int(value),
+            i64::MIN,
+            i64::MAX
+        ))),
+    }
 }
 
 fn attr_to_py<'py>(py: Python<'py>, value: &AttrValue) -> PyResult<Bound<'py, PyAny>> {
@@ -119,7 +164,11 @@ fn bind<'py>(
                     return Err(PyTypeError::new_err(format!("{name}() got multiple values for argument {key:?}")));
                 }
                 Some(index) => inputs[index] = Some(value),
-                None => attrs.push((key, attr_value(&value)?)),
+                None => {
+                    let spec = schema.attrs.iter().find(|a| a.name == *key);
+                    let value = attr_value(name, &key, spec, &value)?;
+                    attrs.push((key, value));
+                }
             }
         }
     }
@@ -732,6 +781,10 @@ impl PyOp {
         }
         dict.set_item("attrs", attrs)?;
         dict.set_item("dtypes", s.dtypes.iter().map(|d| d.name()).collect::<Vec<_>>())?;
+        // Per input, the dtypes it takes (narrower than `dtypes` for an index input, say).
+        let per_input: Vec<Vec<&str>> =
+            s.inputs.iter().map(|i| i.dtypes(&s.dtypes).iter().map(|d| d.name()).collect()).collect();
+        dict.set_item("input_dtypes", per_input)?;
         Ok(dict)
     }
 
@@ -767,7 +820,11 @@ impl PyOp {
 /// ``OpBridgeError`` listing what exists.
 #[pyfunction]
 #[pyo3(signature = (name, version=None))]
-pub fn get_op(name: &str, version: Option<u32>) -> PyResult<PyOp> {
+pub fn get_op(name: &str, version: Option<&Bound<'_, PyAny>>) -> PyResult<PyOp> {
+    let version = match version {
+        None => None,
+        Some(v) => Some(crate::convert::int_arg("version", v, 0, u32::MAX.into())? as u32),
+    };
     Ok(PyOp { entry: registry().get(name, version).map_err(to_pyerr)? })
 }
 

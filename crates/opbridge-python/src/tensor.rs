@@ -191,7 +191,7 @@ impl PyTensor {
         py: Python<'py>,
         stream: Option<&Bound<'py, PyAny>>,
         max_version: Option<&Bound<'py, PyAny>>,
-        dl_device: Option<(i32, i32)>,
+        dl_device: Option<&Bound<'py, PyAny>>,
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let _ = (stream, max_version); // host memory: no consumer stream to order with
@@ -201,6 +201,20 @@ impl PyTensor {
             ));
         }
         let device = self.inner.device();
+        let dl_device = match dl_device {
+            Some(d) if !d.is_none() => {
+                let pair: Vec<Bound<'py, PyAny>> =
+                    d.extract()
+                        .ok()
+                        .filter(|p: &Vec<Bound<'py, PyAny>>| p.len() == 2)
+                        .ok_or_else(|| argument_error("dl_device must be a (device_type, device_id) pair".into()))?;
+                let int = |what: &str, v: &Bound<'py, PyAny>| {
+                    crate::convert::int_arg(what, v, i32::MIN.into(), i32::MAX.into()).map(|v| v as i32)
+                };
+                Some((int("dl_device[0]", &pair[0])?, int("dl_device[1]", &pair[1])?))
+            }
+            _ => None,
+        };
         if let Some((kind, index)) = dl_device {
             if (kind, index) != (device.kind.dlpack_code(), device.index as i32) {
                 return Err(pyo3::exceptions::PyBufferError::new_err(format!(
@@ -340,18 +354,37 @@ pub fn asarray<'py>(
     Bound::new(py, PyTensor::new(Arc::new(tensor)))
 }
 
+/// A shape argument: an int or a sequence of ints, each in `0..=isize::MAX` (the layout's own
+/// check then refuses a total size beyond the address space).
+fn shape_arg(shape: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
+    let dims: Vec<Bound<'_, PyAny>> = if shape.hasattr("__index__")? {
+        vec![shape.clone()]
+    } else if shape.is_instance_of::<pyo3::types::PyString>() || shape.is_instance_of::<pyo3::types::PyBytes>() {
+        return Err(argument_error(format!("shape must be an int or a tuple of ints, got {shape:?}")));
+    } else {
+        match shape.try_iter() {
+            Ok(items) => items.collect::<PyResult<_>>()?,
+            Err(_) => {
+                return Err(argument_error(format!(
+                    "shape must be an int or a tuple of ints, got {}",
+                    crate::convert::type_name(shape)
+                )))
+            }
+        }
+    };
+    dims.iter()
+        .enumerate()
+        .map(|(i, d)| crate::convert::int_arg(&format!("shape[{i}]"), d, 0, isize::MAX as i128).map(|d| d as usize))
+        .collect()
+}
+
 fn alloc_tensor(
     py: Python<'_>,
     shape: &Bound<'_, PyAny>,
     dtype: Option<&Bound<'_, PyAny>>,
     device: Option<&str>,
 ) -> PyResult<(Tensor, opbridge_runtime::Stream)> {
-    let shape: Vec<usize> = match shape.extract::<usize>() {
-        Ok(n) => vec![n],
-        Err(_) => shape.extract().map_err(|_| {
-            argument_error(format!("expected a shape (int or tuple of non-negative ints), got {shape}"))
-        })?,
-    };
+    let shape = shape_arg(shape)?;
     let dtype = parse_dtype(py, dtype)?;
     let ctx = DeviceContext::get(parse_device(device)?).map_err(to_pyerr)?;
     let stream = ctx.current_stream().map_err(to_pyerr)?;

@@ -32,7 +32,7 @@ pub fn set_thresholds(values: &Bound<'_, PyDict>) -> PyResult<()> {
     let defaults = tuning::defaults();
     let pick = |key: &str, default: usize| -> PyResult<usize> {
         Ok(match values.get_item(key)? {
-            Some(v) => v.extract()?,
+            Some(v) => crate::convert::int_arg(key, &v, 0, usize::MAX as i128)? as usize,
             None => default,
         })
     };

@@ -299,13 +299,22 @@ impl Tensor {
     pub fn wait_ready(&self) -> Result<()> {
         let (pending, failure) = {
             let access = self.lock_access();
-            (access.write.as_ref().map(|(_, e)| e.clone()), access.failure.clone())
+            (access.write.clone(), access.failure.clone())
         };
-        if let Some(event) = pending {
+        if let Some((_, event)) = &pending {
             event.synchronize()?;
         }
         match failure.and_then(|f| f.lock().unwrap_or_else(|p| p.into_inner()).clone()) {
-            Some(error) => Err(Error::Async { stream: format!("the work writing this {}", self.device), error }),
+            // "asynchronous error on cpu:0 stream 3, in the work that wrote this tensor: ..."
+            Some(error) => Err(Error::Async {
+                stream: match pending {
+                    Some((stream, _)) => {
+                        format!("{} stream {}, in the work that wrote this tensor", self.device, stream.0)
+                    }
+                    None => format!("{}, in the work that wrote this tensor", self.device),
+                },
+                error,
+            }),
             None => Ok(()),
         }
     }

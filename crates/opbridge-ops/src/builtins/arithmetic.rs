@@ -233,7 +233,7 @@ fn gelu_form(approximate: &str) -> Result<UnaryOp> {
         "tanh" => Ok(UnaryOp::GeluTanh),
         other => Err(OpError::Argument {
             op: "gelu".into(),
-            message: format!("gelu: expected approximate='none' or 'tanh', got {other:?}"),
+            message: format!("expected approximate='none' or 'tanh', got {other:?}"),
         }),
     }
 }

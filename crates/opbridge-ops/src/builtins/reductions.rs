@@ -230,7 +230,7 @@ impl EmbeddingBag {
             "max" => Ok(BagMode::Max),
             other => Err(OpError::Argument {
                 op: Self::NAME.into(),
-                message: format!("embedding_bag: expected mode 'sum', 'mean' or 'max', got {other:?}"),
+                message: format!("expected mode 'sum', 'mean' or 'max', got {other:?}"),
             })?,
         }
     }
@@ -246,6 +246,8 @@ impl Op for EmbeddingBag {
     const INPUTS: &'static [&'static str] = &["weight", "indices", "offsets"];
     const ATTRS: &'static [Attr] = &[Attr::str("mode", "sum").doc("'sum', 'mean' or 'max'.")];
     const DTYPES: &'static [DType] = &DType::ALL;
+    const INPUT_DTYPE_SETS: &'static [(&'static str, &'static [DType])] =
+        &[("weight", &FLOATS), ("indices", &INTS), ("offsets", &INTS)];
 
     fn infer(inputs: &Inputs<'_, Meta>, attrs: &Attrs<'_>) -> OpResult<Vec<Meta>> {
         Self::mode(attrs)?;

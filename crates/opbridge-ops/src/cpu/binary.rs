@@ -215,9 +215,13 @@ fn run_float<T: FloatElement>(op: BinaryOp, lp: &StridedLoop<3>, min: usize) {
         BinaryOp::Sub => run_map(lp, min, |a: T, b: T| T::down(a.up() - b.up())),
         BinaryOp::Mul => run_map(lp, min, |a: T, b: T| T::down(a.up() * b.up())),
         BinaryOp::Div => run_map(lp, min, |a: T, b: T| T::down(a.up() / b.up())),
+        // Ties (-0.0 vs 0.0) as numpy breaks them: its float32/64 loops use x86's max/min,
+        // which give `b`; its float16 loop keeps `a`. `tie_a` is a constant per `T`, and `|`
+        // keeps each a branch-free select.
         BinaryOp::Maximum => run_map(lp, min, |a: T, b: T| {
             let (x, y) = (a.up(), b.up());
-            if x >= y || x.is_nan() {
+            let tie_a = std::mem::size_of::<T>() == 2;
+            if (x > y) | (tie_a & (x == y)) | x.is_nan() {
                 a
             } else {
                 b
@@ -225,7 +229,8 @@ fn run_float<T: FloatElement>(op: BinaryOp, lp: &StridedLoop<3>, min: usize) {
         }),
         BinaryOp::Minimum => run_map(lp, min, |a: T, b: T| {
             let (x, y) = (a.up(), b.up());
-            if x <= y || x.is_nan() {
+            let tie_a = std::mem::size_of::<T>() == 2;
+            if (x < y) | (tie_a & (x == y)) | x.is_nan() {
                 a
             } else {
                 b

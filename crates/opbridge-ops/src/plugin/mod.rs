@@ -18,7 +18,7 @@ use std::ffi::{c_char, c_int, c_void, CString};
 use std::fmt;
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
 use opbridge_dtype::DType;
@@ -36,25 +36,41 @@ const RUNTIME_VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "\0");
 struct Handle {
     path: PathBuf,
     lib: RwLock<Option<libloading::Library>>,
+    /// Set when the library is closed: checked before a memo answers for it, so a call after
+    /// the unload fails at the call (not only when its kernel runs).
+    closed: AtomicBool,
 }
 
 impl Handle {
+    fn unloaded(&self, schema: &Schema) -> OpError {
+        OpError::Unloaded { name: schema.name.clone(), version: schema.version, path: self.path.display().to_string() }
+    }
+
+    /// Fails once the library is closed (no lock: what every entry into an operator checks
+    /// first, remembered results included).
+    fn check_open(&self, schema: &Schema) -> Result<()> {
+        match self.closed.load(Ordering::Acquire) {
+            true => Err(self.unloaded(schema)),
+            false => Ok(()),
+        }
+    }
+
     /// The library, kept open (and its code mapped) while the guard lives.
     fn live(&self, schema: &Schema) -> Result<RwLockReadGuard<'_, Option<libloading::Library>>> {
         let guard = self.lib.read().unwrap_or_else(|p| p.into_inner());
         if guard.is_none() {
-            return Err(OpError::Unloaded {
-                name: schema.name.clone(),
-                version: schema.version,
-                path: self.path.display().to_string(),
-            });
+            return Err(self.unloaded(schema));
         }
         Ok(guard)
     }
 
     /// Closes the library once no callback runs (the write lock waits for them).
     fn close(&self) -> Result<()> {
-        let lib = self.lib.write().unwrap_or_else(|p| p.into_inner()).take();
+        let lib = {
+            let mut lib = self.lib.write().unwrap_or_else(|p| p.into_inner());
+            self.closed.store(true, Ordering::Release);
+            lib.take()
+        };
         match lib {
             Some(lib) => lib.close().map_err(|e| plugin_error(&self.path, format!("closing failed: {e}"))),
             None => Ok(()),
@@ -164,7 +180,8 @@ impl Library {
             specs.push(spec);
         }
 
-        let handle = Arc::new(Handle { path: path.clone(), lib: RwLock::new(Some(lib)) });
+        let handle =
+            Arc::new(Handle { path: path.clone(), lib: RwLock::new(Some(lib)), closed: AtomicBool::new(false) });
         let mut library = Library {
             path: path.clone(),
             name,
@@ -480,6 +497,8 @@ impl Operator for PluginOp {
     }
 
     fn input_dtypes(&self, inputs: &[Option<Meta>], attrs: &Attrs) -> Result<Vec<Option<DType>>> {
+        // Before the memo: a remembered answer must not outlive the library.
+        self.handle.check_open(&self.spec.schema)?;
         match self.spec.input_dtypes {
             None => Ok(inputs.iter().map(|m| m.as_ref().map(|m| m.dtype)).collect()),
             Some(choose) => {
@@ -489,6 +508,8 @@ impl Operator for PluginOp {
     }
 
     fn infer(&self, inputs: &[Option<Meta>], attrs: &Attrs) -> Result<Vec<Meta>> {
+        // Before the memo: a remembered answer must not outlive the library.
+        self.handle.check_open(&self.spec.schema)?;
         // `call_infer` checks the attribute values; a remembered call had equal ones.
         Memo::through(&self.memo, inputs, attrs, || self.call_infer(inputs, attrs))
     }
@@ -498,8 +519,9 @@ impl Operator for PluginOp {
     }
 
     fn workspace_size(&self, inputs: &[Option<Meta>], attrs: &Attrs) -> Result<usize> {
-        let Some(size_fn) = self.spec.workspace else { return Ok(0) };
         let schema = &self.spec.schema;
+        self.handle.check_open(schema)?;
+        let Some(size_fn) = self.spec.workspace else { return Ok(0) };
         let metas: Inline<sys::OpbMeta, 4> = inputs
             .iter()
             .zip(&schema.inputs)

@@ -317,7 +317,12 @@ pub unsafe fn validate(desc: &sys::OpbOpDesc) -> Result<OpSpec, String> {
         };
         // SAFETY: the caller vouches for the pointers; counts were checked above.
         let doc = unsafe { read_c_str(a.doc, MAX_DOC, "attribute doc") }.map_err(fail)?.unwrap_or_default();
-        attrs.push(AttrSpec { name: attr_name, default: (!required).then_some(default), doc });
+        attrs.push(AttrSpec {
+            name: attr_name,
+            default: (!required).then_some(default),
+            doc,
+            takes_float: a.kind == sys::OPB_ATTR_FLOAT,
+        });
         attr_kinds.push(a.kind);
         attr_nullable.push(default_none || a.flags & sys::OPB_ATTR_NULLABLE != 0);
     }
@@ -356,7 +361,11 @@ pub unsafe fn validate(desc: &sys::OpbOpDesc) -> Result<OpSpec, String> {
             name,
             version: desc.version,
             doc: doc.trim().to_string(),
-            inputs: inputs.into_iter().zip(optional).map(|(name, optional)| InputSpec { name, optional }).collect(),
+            inputs: inputs
+                .into_iter()
+                .zip(optional)
+                .map(|(name, optional)| InputSpec { name, optional, dtypes: Vec::new() })
+                .collect(),
             outputs,
             attrs,
             dtypes,

@@ -35,6 +35,7 @@ mod plan;
 mod reducers;
 #[cfg(test)]
 mod tests;
+mod zeros;
 
 /// Elements summed in lanes before the pairwise tree takes over (numpy's `PW_BLOCKSIZE`).
 const BLOCK: usize = 128;
@@ -210,11 +211,31 @@ pub unsafe fn reduce(op: ReduceOp, x: &TensorView, axis: Option<isize>, out: &Te
             (ReduceOp::Mean, DType::F64) => run::<SumR<f64, f64, f64, true>>(&plan),
             (ReduceOp::Mean, DType::I32) => run::<SumR<i32, f64, f64, true>>(&plan),
             (ReduceOp::Mean, DType::I64) => run::<SumR<i64, f64, f64, true>>(&plan),
+            // Floats: then the sign numpy gives a zero result (see `zeros`).
+            (ReduceOp::Max, DType::F16) => run_extreme::<f16, true>(&plan),
+            (ReduceOp::Max, DType::F32) => run_extreme::<f32, true>(&plan),
+            (ReduceOp::Max, DType::F64) => run_extreme::<f64, true>(&plan),
+            (ReduceOp::Min, DType::F16) => run_extreme::<f16, false>(&plan),
+            (ReduceOp::Min, DType::F32) => run_extreme::<f32, false>(&plan),
+            (ReduceOp::Min, DType::F64) => run_extreme::<f64, false>(&plan),
             (ReduceOp::Max, dtype) => crate::with_dtype!(dtype, T => run::<ExtremeR<T, true>>(&plan)),
             (ReduceOp::Min, dtype) => crate::with_dtype!(dtype, T => run::<ExtremeR<T, false>>(&plan)),
             (ReduceOp::ArgMax, dtype) => crate::with_dtype!(dtype, T => run::<ArgMaxR<T>>(&plan)),
         }
     }
+}
+
+/// A float `max` (`MAX`) or `min`, then numpy's sign for every zero result.
+///
+/// # Safety
+/// As for [`run`], with `T` the dtype of `x` and `out`.
+unsafe fn run_extreme<T: zeros::NumpyTies, const MAX: bool>(plan: &Plan<'_>) -> Result<(), KernelError> {
+    // SAFETY: the caller's contract.
+    unsafe {
+        run::<ExtremeR<T, MAX>>(plan)?;
+        zeros::numpy_zero_signs::<T, MAX>(plan);
+    }
+    Ok(())
 }
 
 fn check_view(what: &'static str, v: &TensorView) -> Result<(), KernelError> {

@@ -438,3 +438,46 @@ fn float_sums_are_accurate() {
     let want = 1.0 + 1e-16 * ((1 << 20) - 1) as f64;
     assert!((out64[0] - want).abs() < 1e-15, "{} vs {want}", out64[0]);
 }
+
+/// The sign of `max`/`min` over `x` (1-D, contiguous), as the kernel gives it.
+fn extreme_sign<T: Element>(op: ReduceOp, x: &[T]) -> bool {
+    let mut out = [T::from_f64(1.0)];
+    // SAFETY: a contiguous input and a one-element output, both owned here.
+    unsafe { reduce(op, &input(x, &[x.len()]), None, &output(&mut out, &[])) }.unwrap();
+    out[0].to_f64().is_sign_negative()
+}
+
+/// One zero of the other sign among `n`: the position whose sign numpy returns, measured with
+/// numpy 2 (AVX-512): its 64-byte lanes decide float32/64, the first zero decides float16.
+#[test]
+fn zero_results_take_the_sign_numpy_gives_them() {
+    fn winner<T: Element>(op: ReduceOp, n: usize) -> Option<usize> {
+        let (base, odd) = if op == ReduceOp::Max { (-0.0, 0.0) } else { (0.0, -0.0) };
+        let decides = (0..n).filter(|&k| {
+            let mut x = vec![T::from_f64(base); n];
+            x[k] = T::from_f64(odd);
+            extreme_sign(op, &x) == f64::is_sign_negative(odd)
+        });
+        let found: Vec<usize> = decides.collect();
+        assert!(found.len() <= 1, "{found:?}");
+        found.first().copied()
+    }
+    for op in [ReduceOp::Max, ReduceOp::Min] {
+        // float32: x[0] broadcast, x[1..17] one vector folded as `_mm512_reduce_max_ps`: lane 3.
+        assert_eq!(winner::<f32>(op, 17), Some(4));
+        assert_eq!(winner::<f32>(op, 18), Some(17), "the scalar tail takes a tie");
+        assert_eq!(winner::<f32>(op, 5), Some(4), "short: the last element");
+        assert_eq!(winner::<f32>(op, 33), Some(20));
+        // float64: 8 lanes, lane 1.
+        assert_eq!(winner::<f64>(op, 9), Some(2));
+        assert_eq!(winner::<f64>(op, 10), Some(9));
+        // float16: the first zero wins, so a single odd one decides only in front.
+        assert_eq!(winner::<f16>(op, 40), Some(0));
+    }
+    // A result that is not zero is untouched, and NaN still wins.
+    assert!(!extreme_sign(ReduceOp::Max, &[-0.0f32, 1.0, 0.0]));
+    let mut out = [0f32];
+    // SAFETY: as in `extreme_sign`.
+    unsafe { reduce(ReduceOp::Max, &input(&[-0.0f32, f32::NAN, 0.0], &[3]), None, &output(&mut out, &[])) }.unwrap();
+    assert!(out[0].is_nan());
+}
