@@ -236,8 +236,8 @@ def _locked(target: Path) -> Iterator[None]:
         return
     lock = target.with_name(target.stem + ".lock")
     while True:
-        if os.path.isdir(lock) and not os.path.islink(lock):
-            _remove(lock)
+        if os.path.islink(lock) or (os.path.isdir(lock) and not os.path.islink(lock)):
+            _remove(lock)  # a symlink or folder there is not our lock: O_NOFOLLOW would refuse it
         fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -330,6 +330,12 @@ def compile(
     # is an ArgumentError (a ValueError) naming it.
     if not isinstance(source, str):
         raise ArgumentError(f"source must be a str of C or C++ source, got {type(source).__name__}")
+    if "\0" in source:
+        raise ArgumentError("source contains a NUL character")
+    try:
+        source.encode("utf-8")
+    except UnicodeEncodeError as e:  # lone surrogates
+        raise ArgumentError(f"source is not valid text: {e}") from e
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ArgumentError(
             f"name {name!r}: use 1 to 100 letters, digits, '_', '-' and '.', starting with no '.' or '-'"
@@ -339,11 +345,21 @@ def compile(
     lang = _LANG_ALIASES[lang.lower()]
     if compiler is not None and (not isinstance(compiler, str) or not compiler):
         raise ArgumentError(f"compiler must be a command name or path, got {compiler!r}")
-    if isinstance(flags, (str, bytes)) or not all(isinstance(f, str) for f in flags):
-        raise ArgumentError(f"flags must be a sequence of str, e.g. ('-DN=4',), got {flags!r}")
+    if (
+        isinstance(flags, (str, bytes))
+        or not isinstance(flags, (list, tuple))
+        or not all(isinstance(f, str) and "\0" not in f for f in flags)
+    ):
+        raise ArgumentError(
+            f"flags must be a sequence of str (a list or tuple, no NUL), e.g. ('-DN=4',), got {flags!r}"
+        )
     flags = list(flags)
+    if compiler is not None and "\0" in compiler:
+        raise ArgumentError("compiler contains a NUL character")
     if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
         raise ArgumentError(f"cache_dir must be a path, got {type(cache_dir).__name__}")
+    if cache_dir is not None and "\0" in os.fspath(cache_dir):
+        raise ArgumentError("cache_dir contains a NUL character")
     folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     try:
         folder.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import struct
 import sys
 import tempfile
@@ -71,16 +72,36 @@ def _warn(message: str) -> None:
         print(message, file=sys.stderr)
 
 
+# The file holds three numbers: anything larger is not ours (a device, a stray big file).
+_MAX_FILE_BYTES = 64 * 1024
+
+
+def _read_small_regular_file(path: os.PathLike[str] | str) -> str:
+    """The text of a regular file of at most ``_MAX_FILE_BYTES``, opened without blocking: a FIFO
+    or a device in its place is an ``OSError``, never a hang or an unbounded read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(f"{path} is not a regular file")
+        data = os.read(fd, _MAX_FILE_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > _MAX_FILE_BYTES:
+        raise OSError(f"{path} is larger than {_MAX_FILE_BYTES} bytes")
+    return data.decode("utf-8")
+
+
 def _load_saved() -> None:
     """Applies the saved thresholds, if any. Anything wrong with the file (unreadable, not JSON,
     not an object, an unknown key, a value that is not a positive integer that fits) is a
     ``RuntimeWarning`` and that value keeps its default: never an import failure."""
     try:
         path = thresholds_path()
-        text = path.read_text()
+        text = _read_small_regular_file(path)
     except FileNotFoundError:
         return
-    except (OSError, ValueError, RuntimeError) as e:  # a directory, no permission, bad bytes, no home
+    except (OSError, ValueError, RuntimeError, MemoryError) as e:  # a directory, a FIFO, no home...
         _warn(f"opbridge: ignoring unreadable thresholds file: {e}")
         return
     try:

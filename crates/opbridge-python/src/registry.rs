@@ -590,7 +590,13 @@ fn weak_scalars<'py>(py: Python<'py>, name: &str, call: &mut BoundCall<'py>) -> 
     let np = crate::convert::numpy(py)?;
     let all: Few<Bound<'py, PyAny>> =
         operands.into_iter().chain(scalars.iter().filter_map(|&k| call.inputs[k].clone())).collect();
-    let dtype = np.call_method1(pyo3::intern!(py, "result_type"), PyTuple::new(py, all)?)?;
+    // numpy's refusal to combine the operands (strings, objects: `DTypePromotionError`, a
+    // `TypeError`) is a typed DTypeError naming the call, with numpy's error as the cause.
+    let dtype = np.call_method1(pyo3::intern!(py, "result_type"), PyTuple::new(py, all)?).map_err(|e| {
+        let error = crate::errors::dtype_error(format!("{name}: the operands have no common dtype: {e}"));
+        error.set_cause(py, Some(e));
+        error
+    })?;
     for k in scalars {
         let Some(value) = call.inputs[k].take() else { continue };
         let kwargs = PyDict::new(py);

@@ -239,3 +239,11 @@ pub fn synchronize(py: Python<'_>, device: Option<&str>) -> PyResult<()> {
     let ctx = DeviceContext::get(parse_device(device)?).map_err(to_pyerr)?;
     py.detach(|| ctx.synchronize()).map_err(to_pyerr)
 }
+
+/// True on a stream's worker thread (inside a host function): waits there are checked for
+/// dependencies on the worker's own queue, so the asyncio glue waits inline instead of in an
+/// executor thread, where a wait on work queued behind the host function could not be seen.
+#[pyfunction]
+pub fn on_stream_worker() -> bool {
+    opbridge_runtime::on_stream_worker()
+}

@@ -140,12 +140,44 @@ fn sequential<T: NumpyTies, const MAX: bool>(init: T, x: &dyn Fn(usize) -> T, le
 /// `plan` is the validated reduction that just ran (`x` readable, `out` written and writable).
 pub(super) unsafe fn numpy_zero_signs<T: NumpyTies, const MAX: bool>(plan: &Plan<'_>) {
     let ndim = plan.shape.len();
+    // The common whole-array case: one output, not a zero — nothing to settle.
+    if plan.reduced.iter().take(ndim).all(|&r| r) && plan.shape.iter().all(|&d| d > 0) {
+        // SAFETY: the one element of `out`, written by the reduction.
+        if unsafe { *(plan.out as *const T) } != T::default() {
+            return;
+        }
+    }
     let reduced: SmallVec<[usize; 8]> = (0..ndim).filter(|&d| plan.reduced[d] && plan.shape[d] > 1).collect();
     if reduced.is_empty() || plan.shape.contains(&0) {
         return; // every output is a copy of one element (or there is none)
     }
     let kept: SmallVec<[usize; 8]> = (0..ndim).filter(|&d| !plan.reduced[d] && plan.shape[d] > 1).collect();
     let (x, out) = (plan.x as *const T, plan.out as *mut T);
+    // Most calls end here, at one read per output: no result is a zero, so no sign to settle
+    // (and none of the line model below is built).
+    {
+        let count: usize = kept.iter().map(|&d| plan.shape[d]).product();
+        let mut index: SmallVec<[usize; 8]> = SmallVec::from_elem(0, kept.len());
+        let mut any_zero = false;
+        for _ in 0..count {
+            let oo: isize = kept.iter().zip(&index).map(|(&d, &i)| plan.os[d] * i as isize).sum();
+            // SAFETY: an element of `out` (the plan's shape and strides), written by the reduction.
+            if unsafe { *out.offset(oo) } == T::default() {
+                any_zero = true;
+                break;
+            }
+            for k in (0..kept.len()).rev() {
+                index[k] += 1;
+                if index[k] < plan.shape[kept[k]] {
+                    break;
+                }
+                index[k] = 0;
+            }
+        }
+        if !any_zero {
+            return;
+        }
+    }
     // The reduced elements of one output as numpy walks them: lines along `inner` (`n`
     // elements, `stride` apart) starting at `lines` offsets, in index order (numpy does not
     // flip negative strides here). The first element starts the running value; each line is
