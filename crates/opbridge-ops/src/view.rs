@@ -50,8 +50,19 @@ impl TensorView {
         if self.shape.contains(&0) {
             return true;
         }
-        let expected = opbridge_runtime::tensor::contiguous_strides(&self.shape);
-        self.shape.iter().zip(self.strides.iter().zip(&expected)).all(|(&d, (&s, &e))| d <= 1 || s == e)
+        if self.shape.len() != self.strides.len() {
+            return false;
+        }
+        // Row-major strides from the innermost dimension out, compared as they are made (no
+        // list per call: this runs on every call's outputs).
+        let mut expected = 1isize;
+        for (&d, &s) in self.shape.iter().zip(&self.strides).rev() {
+            if d > 1 && s != expected {
+                return false;
+            }
+            expected *= d.max(1) as isize;
+        }
+        true
     }
 
     /// The byte range `[start, start + len)` the view's elements span (for aliasing checks).
