@@ -184,7 +184,7 @@ pub struct Entry {
     /// Completion events of asynchronous calls (some may be done): an unload started from
     /// stream work checks them before it blocks, so it fails instead of waiting for a call
     /// queued behind that very work.
-    queued: Mutex<Vec<Event>>,
+    queued: Mutex<std::collections::VecDeque<Event>>,
 }
 
 impl fmt::Debug for Entry {
@@ -203,7 +203,7 @@ impl Entry {
             waiters: AtomicUsize::new(0),
             wait: Mutex::new(()),
             idle: Condvar::new(),
-            queued: Mutex::new(Vec::new()),
+            queued: Mutex::new(std::collections::VecDeque::new()),
         }
     }
 
@@ -250,13 +250,13 @@ impl Entry {
         let mut queued = self.queued.lock().unwrap_or_else(|p| p.into_inner());
         // Calls on one stream complete in order: drop finished ones from the front, and sweep
         // the rest when the list doubles (amortized constant per call).
-        while queued.first().is_some_and(Event::query) {
-            queued.remove(0);
+        while queued.front().is_some_and(Event::query) {
+            queued.pop_front();
         }
         if queued.len() >= 64 && queued.len().is_power_of_two() {
             queued.retain(|e| !e.query());
         }
-        queued.push(done);
+        queued.push_back(done);
     }
 
     /// Blocks until no call of this operator is in flight (built-ins, whose code cannot be
@@ -283,7 +283,7 @@ impl Entry {
             // the last call can wake us), then look again: a call launched meanwhile on another
             // thread is noted just after it is queued, so the timeout bounds how late we see it.
             drop(lock);
-            let pending: Vec<Event> = self.queued.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let pending: Vec<Event> = self.queued.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect();
             outcome = pending.iter().try_for_each(Event::synchronize);
             lock = self.wait.lock().unwrap_or_else(|p| p.into_inner());
             if outcome.is_err() {
