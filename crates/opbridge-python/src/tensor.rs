@@ -337,21 +337,38 @@ pub fn asarray<'py>(
     }
     let host = HostArray::extract("asarray", "obj", obj, &DType::ALL)?;
     let dtype = wanted.unwrap_or(host.dtype);
-    let host = host.normalized(dtype)?;
     let ctx = DeviceContext::get(target).map_err(to_pyerr)?;
     let stream = ctx.current_stream().map_err(to_pyerr)?;
+    // Allocated before anything is copied: a huge input (a broadcast view of a few elements
+    // that is terabytes logically) fails here, at no cost.
     let shape = host.shape().to_vec();
     let tensor = py.detach(|| Tensor::empty(ctx, &shape, dtype, stream.id())).map_err(to_pyerr)?;
-    let (src, dst, bytes) = (DevicePtr(host.layout().data), tensor.data_ptr(), tensor.nbytes());
-    // A host-to-device copy on the current stream (after any earlier work that used this pool
-    // block), waited for before returning: the numpy buffer is free to change as soon as
-    // asarray returns (cudaMemcpy semantics). The tensor is new, so no other stream knows it.
-    py.detach(|| -> opbridge_runtime::Result<()> {
-        stream.copy(dst, src, bytes, CopyKind::HostToDevice)?;
-        stream.record_new_event()?.synchronize()
-    })
-    .map_err(to_pyerr)?;
-    Bound::new(py, PyTensor::new(Arc::new(tensor)))
+    let layout = host.layout();
+    let ready = host.dtype == dtype && layout.is_c_contiguous() && layout.is_aligned() && host.is_native();
+    if ready || !ctx.device().host_accessible() {
+        // Memory the host cannot write is filled from one normalized host copy.
+        let host = host.normalized(dtype)?;
+        let (src, dst, bytes) = (DevicePtr(host.layout().data), tensor.data_ptr(), tensor.nbytes());
+        // A host-to-device copy on the current stream (after any earlier work that used this
+        // pool block), waited for before returning: the numpy buffer is free to change as soon
+        // as asarray returns (cudaMemcpy semantics). The tensor is new: no other stream knows it.
+        py.detach(|| -> opbridge_runtime::Result<()> {
+            stream.copy(dst, src, bytes, CopyKind::HostToDevice)?;
+            stream.record_new_event()?.synchronize()
+        })
+        .map_err(to_pyerr)?;
+        return Bound::new(py, PyTensor::new(Arc::new(tensor)));
+    }
+    // Strided, broadcast, unaligned, byte-swapped or of another dtype: numpy converts it in
+    // one pass straight into the tensor's memory (a broadcast axis is read, never expanded
+    // first). The block may still be in use by earlier work on the stream: wait for that.
+    py.detach(|| stream.record_new_event()?.synchronize()).map_err(to_pyerr)?;
+    let tensor = Bound::new(py, PyTensor::new(Arc::new(tensor)))?;
+    let view = np_ffi::tensor_array(&tensor)?;
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("casting", "unsafe")?;
+    crate::convert::numpy(py)?.call_method("copyto", (view, &host.array), Some(&kwargs))?;
+    Ok(tensor)
 }
 
 /// A shape argument: an int or a sequence of ints, each in `0..=isize::MAX` (the layout's own

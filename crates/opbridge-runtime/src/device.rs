@@ -89,6 +89,12 @@ pub trait StreamBackend: Send + Sync + fmt::Debug {
     fn orphaned(&self) -> bool {
         false
     }
+
+    /// The stream's last handle is gone: nothing but the pool's event records will come (a
+    /// block it used, freed later, records where the stream ends). The backend may release what
+    /// serves the queue once the queued work is done (the CPU stream's worker thread exits);
+    /// queries, drains and records keep working.
+    fn close(&self) {}
 }
 
 /// A device event: a point in a stream's work, for ordering, waiting and timing.

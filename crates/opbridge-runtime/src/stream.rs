@@ -36,6 +36,9 @@ impl Drop for StreamInner {
     /// streams whose work has finished since are let go here too, so dropping streams never
     /// piles up workers.
     fn drop(&mut self) {
+        // Its resources (a worker thread) go once the queued work is done, however long the
+        // registry or a pool block's record of use keeps the backend.
+        self.backend.close();
         let Some(registry) = self.registry.upgrade() else { return };
         registry.prune_retired();
         if self.backend.query() {

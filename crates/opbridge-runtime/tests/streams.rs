@@ -226,6 +226,40 @@ fn device_synchronize_waits_for_work_on_dropped_streams(ctx: &'static Arc<Device
 }
 test_device!(device_synchronize_waits_for_work_on_dropped_streams);
 
+fn events_recorded_on_a_dropped_busy_stream_complete_after_its_work(ctx: &'static Arc<DeviceContext>) {
+    // What the pool does when a block a dropped stream used is freed: it records where that
+    // stream's work ends. The stream is closed (its worker leaves once the queue is empty), so
+    // the record carries no job, yet must complete exactly when the queued work is done.
+    let (release, blocker) = gate();
+    let done = Arc::new(AtomicBool::new(false));
+    let usage = {
+        let stream = new_stream(ctx);
+        stream.launch(blocker).unwrap();
+        let flag = Arc::clone(&done);
+        stream
+            .launch(Box::new(move || {
+                flag.store(true, Ordering::SeqCst);
+                Ok(())
+            }))
+            .unwrap();
+        stream.usage()
+    };
+    assert!(usage.may_be_busy(), "the registry keeps a dropped stream while its work is queued");
+    let pending = usage.record_new_event(ctx.device().as_ref()).unwrap().expect("an event on the busy stream");
+    thread::sleep(Duration::from_millis(20));
+    assert!(!pending.query(), "recorded behind the blocked work");
+    release.send(()).unwrap();
+    pending.synchronize().unwrap();
+    assert!(done.load(Ordering::SeqCst), "the event completed only after the queued work");
+    // Recorded once the work is done: complete at once.
+    if let Some(after) = usage.record_new_event(ctx.device().as_ref()).unwrap() {
+        after.synchronize().unwrap();
+        assert!(after.query());
+    }
+    ctx.synchronize().unwrap();
+}
+test_device!(events_recorded_on_a_dropped_busy_stream_complete_after_its_work);
+
 fn kernel_errors_surface_at_the_next_synchronize(ctx: &'static Arc<DeviceContext>) {
     let _serial = serial();
     let stream = new_stream(ctx);

@@ -64,6 +64,9 @@ struct Completed {
     waits: VecDeque<(u64, Arc<Point>)>,
     /// What the worker is blocked on inside its running job (a host function's checked wait).
     blocked_on: Option<Target>,
+    /// Events recorded after the stream was closed (no job can carry them): `(job, point)`,
+    /// completed by the worker once it has finished `job` jobs.
+    closed_records: Vec<(u64, Arc<Point>)>,
 }
 
 impl Progress {
@@ -131,11 +134,13 @@ pub(super) fn blocking_wait(target: &Target, what: &str, wait: impl FnOnce()) ->
     Ok(())
 }
 
-/// Handle of a CPU stream. Dropping it lets the worker finish the queued work and exit.
+/// Handle of a CPU stream. Dropping or closing it lets the worker finish the queued work and
+/// exit.
 #[derive(Debug)]
 pub struct CpuStream {
-    /// The queue; its lock makes a job's number its place in the queue.
-    jobs: Mutex<Sender<HostFn>>,
+    /// The queue; its lock makes a job's number its place in the queue. `None` once closed:
+    /// the worker then ends after the last queued job, whoever still holds this handle.
+    jobs: Mutex<Option<Sender<HostFn>>>,
     /// The fork generation its worker was started in (`crate::fork`).
     generation: u64,
     progress: Arc<Progress>,
@@ -168,6 +173,14 @@ impl CpuStream {
                     while state.waits.front().is_some_and(|(job, _)| *job <= count) {
                         state.waits.pop_front();
                     }
+                    if !state.closed_records.is_empty() {
+                        state.closed_records.retain(|(job, point)| {
+                            if *job <= count {
+                                point.complete();
+                            }
+                            *job > count
+                        });
+                    }
                     if let Err(error) = outcome {
                         state.error.get_or_insert(error);
                     }
@@ -182,7 +195,7 @@ impl CpuStream {
                 device: DeviceId::CPU,
                 message: format!("cannot start stream worker: {e}"),
             })?;
-        Ok(CpuStream { jobs: Mutex::new(jobs), generation, progress })
+        Ok(CpuStream { jobs: Mutex::new(Some(jobs)), generation, progress })
     }
 
     /// The error for a stream whose worker stayed in the parent process of a `fork()`. Checked
@@ -207,6 +220,9 @@ impl CpuStream {
     fn enqueue_numbered(&self, make: impl FnOnce(u64) -> HostFn) -> Result<()> {
         self.refuse_orphaned()?;
         let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        let stopped =
+            || Error::Device { device: DeviceId::CPU, message: format!("{} has stopped", self.progress.name) };
+        let jobs = jobs.as_ref().ok_or_else(stopped)?;
         let number = self.progress.submitted.fetch_add(1, Ordering::SeqCst) + 1;
         jobs.send(make(number)).map_err(|_| {
             self.progress.submitted.fetch_sub(1, Ordering::SeqCst);
@@ -237,15 +253,37 @@ impl StreamBackend for CpuStream {
             device: DeviceId::CPU,
             message: "cannot record an event of another device on a CPU stream".into(),
         })?;
-        // `enqueue_numbered` refuses an orphaned stream before the new point is made: a point
-        // no worker will complete must never become current.
-        self.enqueue_numbered(|job| {
+        // An orphaned stream is refused before the new point is made: a point no worker will
+        // complete must never become current.
+        self.refuse_orphaned()?;
+        let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(sender) = jobs.as_ref() else {
+            // Closed: nothing more is queued, so the end of the stream is its last job. The
+            // worker completes the point when it gets there (or it is reached already).
+            let job = self.progress.submitted.load(Ordering::SeqCst);
             let point = cpu.begin_record(Target { stream: Arc::clone(&self.progress), job });
-            Box::new(move || {
+            let mut state = self.progress.lock();
+            if state.count >= job {
+                drop(state);
                 point.complete();
+            } else {
+                state.closed_records.push((job, point));
+            }
+            return Ok(());
+        };
+        let job = self.progress.submitted.fetch_add(1, Ordering::SeqCst) + 1;
+        let point = cpu.begin_record(Target { stream: Arc::clone(&self.progress), job });
+        let completion = Arc::clone(&point);
+        sender
+            .send(Box::new(move || {
+                completion.complete();
                 Ok(())
+            }))
+            .map_err(|_| {
+                // The worker is gone (it panicked outside a job): the point never completes.
+                self.progress.submitted.fetch_sub(1, Ordering::SeqCst);
+                Error::Device { device: DeviceId::CPU, message: format!("{} has stopped", self.progress.name) }
             })
-        })
     }
 
     fn wait(&self, event: &Arc<dyn EventBackend>) -> Result<()> {
@@ -312,5 +350,14 @@ impl StreamBackend for CpuStream {
 
     fn orphaned(&self) -> bool {
         self.generation != crate::fork::generation()
+    }
+
+    fn close(&self) {
+        // Dropping the only sender ends the worker's loop once the queue is empty. In the child
+        // of a fork the lock may have been held by a parent thread: the worker is not here anyway.
+        if self.orphaned() {
+            return;
+        }
+        self.jobs.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
 }
