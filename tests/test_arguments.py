@@ -100,6 +100,19 @@ def test_python_int_too_large_for_the_array_dtype_is_an_argument_error(dtype, va
             call()
 
 
+@pytest.mark.parametrize("dtype,value", [(np.int32, 2**40), (np.int32, -(2**31) - 1), (np.int64, 2**70)])
+def test_true_division_by_a_python_int_too_large_for_the_array_dtype_follows_numpy(dtype, value):
+    # True division computes integers as float64, which holds the number: numpy gives float64.
+    a = np.arange(1, 4, dtype=dtype)
+    for got, expected in [
+        (ob.ops.div(a, value), np.divide(a, value)),
+        (ob.ops.div(value, a), np.divide(value, a)),
+        (ob.ops.div(ob.asarray(a), value).numpy(), np.divide(a, value)),
+    ]:
+        assert got.dtype == expected.dtype
+        np.testing.assert_array_equal(got, expected)
+
+
 def test_both_operands_python_scalars():
     for x, y in [(1, 2), (1, 2.5), (2.5, True), (-3, 4)]:
         got = ob.ops.add(x, y)
@@ -374,3 +387,25 @@ def test_zero_stride_tensor_converted_without_materializing():
     growth = ob.get_memory_pool_stats()["allocated_bytes.peak"] - before
     output = 4096 * 1024 * 8  # 32 MiB; a materialized conversion would add another 32 MiB
     assert growth < output + (1 << 20), growth
+
+
+def test_asarray_of_a_huge_broadcast_view_fails_before_copying(memory_limit):
+    memory_limit(1 << 30)
+    huge = np.broadcast_to(np.ones(1, np.float32), (HUGE,))
+    _fast(lambda: ob.asarray(huge), ob.OutOfMemoryError)
+    _fast(lambda: ob.asarray(huge, dtype=np.float64), ob.OutOfMemoryError)
+    _fast(lambda: ob.asarray(huge[::2]), ob.OutOfMemoryError)
+
+
+@pytest.mark.parametrize("dtype", [None, np.float64, np.int32])
+def test_asarray_converts_odd_layouts_in_one_pass(dtype):
+    row = np.arange(1024, dtype=np.float32)
+    wide = np.broadcast_to(row, (1024, 1024))  # 4 MiB logical as float32, 4 KiB real
+    got, peak = _traced_peak(lambda: ob.asarray(wide, dtype=dtype))
+    # numpy allocates nothing of the logical size: the pool holds the one copy.
+    assert peak < 1 << 20, peak
+    expected = wide.astype(dtype or np.float32)
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    np.testing.assert_array_equal(got.numpy(), expected)
+    swapped = np.arange(24, dtype=">f8").reshape(4, 6)[:, ::-2]
+    np.testing.assert_array_equal(ob.asarray(swapped, dtype=dtype).numpy(), swapped.astype(dtype or np.float64))

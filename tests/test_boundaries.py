@@ -345,3 +345,15 @@ def test_async_errors_read_well() -> None:
     assert "writing this" not in message
     with pytest.raises(ob.OpBridgeError):
         ob.synchronize()
+
+
+def test_workspaces_count_against_the_memory_limit(probe: ob.Library, memory_limit) -> None:
+    x = np.arange(3.0)
+    memory_limit(8 << 20)  # room for a 2 MiB segment of small blocks, as the input needs
+    for arg in [x, ob.asarray(x)]:
+        with pytest.raises(ob.OutOfMemoryError, match="limit"):
+            ob.ops.probe(arg, bytes=16 << 20)
+        result = ob.ops.probe(arg, bytes=64 << 10)  # under the limit: fine
+        np.testing.assert_array_equal(result if isinstance(result, np.ndarray) else result.numpy(), x)
+    ob.synchronize()
+    assert ob.get_memory_pool_stats()["allocated_bytes.current"] < 64 << 10, "the workspaces went back"

@@ -346,7 +346,8 @@ def settle(limit):
         # The same, dropped while its work may still be queued.
         "s = ob.Stream()\n    s.launch_host_func(lambda: None)\n    with s:\n        ob.ops.neg(t)\n    del s",
         # Dropped with slow work queued behind the tensor's use: the worker ends after it.
-        "s = ob.Stream()\n    with s:\n        ob.ops.neg(t)\n    s.launch_host_func(lambda: time.sleep(0.05))\n    del s",
+        "s = ob.Stream()\n    with s:\n        ob.ops.neg(t)\n"
+        "    s.launch_host_func(lambda: time.sleep(0.05))\n    del s",
         # A short-lived Python thread using the tensor on its own current stream.
         "th = threading.Thread(target=lambda: ob.ops.neg(t))\n    th.start()\n    th.join()",
     ],

@@ -17,7 +17,7 @@
 
 use std::sync::Arc;
 
-use opbridge_runtime::{Allocate, DType, Stream, Tensor};
+use opbridge_runtime::{Allocate, DType, DeviceId, Stream, StreamId, Tensor};
 
 use crate::cpu::cast;
 use crate::error::{OpError, Result};
@@ -115,19 +115,48 @@ fn check_outputs_disjoint(entry: &Entry, outputs: &[TensorView]) -> Result<()> {
     Ok(())
 }
 
+/// A workspace the allocator refused: out of memory naming the operator and the size, or the
+/// allocator's own error when it is not about memory.
+fn workspace_error(entry: &Entry, bytes: usize, error: opbridge_runtime::Error) -> OpError {
+    match error.kind() {
+        opbridge_runtime::ErrorKind::OutOfMemory => {
+            OpError::Workspace { op: entry.schema().name.as_str().into(), bytes, reason: error.to_string() }
+        }
+        _ => error.into(),
+    }
+}
+
+/// The outputs of a host call, with what the caller knows of them.
+#[derive(Debug, Clone, Copy)]
+pub enum HostOutputs<'a> {
+    /// Allocated by the caller for this call, from the plan's metas: new memory, which overlaps
+    /// no input and no other output (only their metas are checked again).
+    New(&'a [TensorView]),
+    /// Any other outputs (a caller's `out=`): checked against the plan, the inputs and each
+    /// other.
+    Given(&'a [TensorView]),
+}
+
 /// Runs a planned call synchronously on host memory (the numpy path).
 ///
 /// `inputs` must have the plan's dtypes (any strides); `outputs` the plan's metas, contiguous,
 /// disjoint from each other and from the inputs (or exact aliases where the operator works in
 /// place: see [`overlaps_inputs`]). As for every view, the caller keeps the memory alive and
-/// unaliased by other writers until this returns.
+/// unaliased by other writers until this returns. A kernel's scratch memory comes from
+/// `scratch` (a host-accessible allocator: the CPU pool, whose limit then covers it, or a
+/// session's child pool).
 pub fn run_host(
     entry: &Entry,
     attrs: &Attrs,
     plan: &Plan,
     inputs: &[Option<TensorView>],
-    outputs: &[TensorView],
+    outputs: HostOutputs<'_>,
+    scratch: &dyn Allocate,
 ) -> Result<()> {
+    let (outputs, new) = match outputs {
+        HostOutputs::New(views) => (views, true),
+        HostOutputs::Given(views) => (views, false),
+    };
     let misplanned = |what: String| OpError::Argument { op: entry.schema().name.as_str().into(), message: what };
     if inputs.len() != plan.inputs.len() || outputs.len() != plan.outputs.len() {
         return Err(misplanned(format!(
@@ -145,13 +174,40 @@ pub fn run_host(
     }
     for (meta, out) in plan.outputs.iter().zip(outputs) {
         check_output(entry, meta, out)?;
-        if overlaps_inputs(entry, inputs, out) {
+        if !new && overlaps_inputs(entry, inputs, out) {
             return Err(misplanned("an output overlaps an input: compute it aside".into()));
         }
     }
-    check_outputs_disjoint(entry, outputs)?;
+    if !new {
+        check_outputs_disjoint(entry, outputs)?;
+    }
     let _call = entry.enter_scoped();
-    entry.op.run_cpu(inputs, outputs, attrs)
+    if !entry.op.needs_workspace() {
+        return entry.op.run_cpu_in(inputs, outputs, attrs, &mut []);
+    }
+    let metas: smallvec::SmallVec<[Option<Meta>; 4]> =
+        inputs.iter().map(|v| v.as_ref().map(|v| Meta::new(v.dtype, &v.shape))).collect();
+    let bytes = entry.op.workspace_size(&metas, attrs)?;
+    if bytes == 0 {
+        return entry.op.run_cpu_in(inputs, outputs, attrs, &mut []);
+    }
+    if scratch.device() != DeviceId::CPU {
+        return Err(misplanned(format!(
+            "scratch memory must be host memory, got an allocator on {}",
+            scratch.device()
+        )));
+    }
+    let block = scratch.allocate(bytes, StreamId::HOST).map_err(|e| workspace_error(entry, bytes, e))?;
+    // SAFETY: a live block of at least `bytes` bytes of host memory (checked: the CPU device),
+    // owned here and used by nothing else until it is dropped below; zeroed first, so the
+    // kernel's `&mut [u8]` covers initialized bytes.
+    let workspace = unsafe {
+        std::ptr::write_bytes(block.ptr().0 as *mut u8, 0, bytes);
+        std::slice::from_raw_parts_mut(block.ptr().0 as *mut u8, bytes)
+    };
+    let ran = entry.op.run_cpu_in(inputs, outputs, attrs, workspace);
+    drop(block);
+    ran
 }
 
 /// Enqueues a call on `stream`: tensors in, tensors out.
@@ -249,7 +305,9 @@ pub fn launch(
                 converted.iter().map(|t| t.as_ref().map(|t| Meta::new(t.dtype(), t.shape()))).collect();
             match entry.op.workspace_size(&metas, attrs)? {
                 0 => None,
-                bytes => Some((alloc.allocate(bytes, stream.id())?, bytes)),
+                bytes => {
+                    Some((alloc.allocate(bytes, stream.id()).map_err(|e| workspace_error(entry, bytes, e))?, bytes))
+                }
             }
         }
     };

@@ -54,10 +54,10 @@ pub enum OpError {
     /// power...); classified by [`KernelError::kind`].
     #[error("{op}: {error}")]
     CpuKernel { op: OpName, error: KernelError },
-    /// A call's scratch memory that the host cannot allocate (more than the address space or
-    /// the system's memory): out of memory, as a pool's workspace would be.
-    #[error("{op}: out of memory: cannot allocate a workspace of {bytes} bytes on the host")]
-    Workspace { op: OpName, bytes: usize },
+    /// A call's scratch memory that cannot be allocated (over a pool's limit, more than the
+    /// address space or the system's memory); `reason` says which.
+    #[error("{op}: out of memory: cannot allocate a workspace of {bytes} bytes ({reason})")]
+    Workspace { op: OpName, bytes: usize, reason: String },
     #[error(transparent)]
     Runtime(#[from] opbridge_runtime::Error),
     /// An operator library that cannot be loaded (not a plugin, wrong ABI, malformed descriptor)

@@ -70,8 +70,11 @@ pub trait Operator: Send + Sync {
         let metas: smallvec::SmallVec<[Option<Meta>; 4]> =
             inputs.iter().map(|v| v.as_ref().map(|v| Meta::new(v.dtype, &v.shape))).collect();
         let bytes = self.workspace_size(&metas, attrs)?;
-        let mut workspace = crate::workspace::Workspace::new(bytes)
-            .ok_or_else(|| OpError::Workspace { op: self.schema().name.as_str().into(), bytes })?;
+        let mut workspace = crate::workspace::Workspace::new(bytes).ok_or_else(|| OpError::Workspace {
+            op: self.schema().name.as_str().into(),
+            bytes,
+            reason: "the host cannot allocate that much".into(),
+        })?;
         self.run_cpu_in(inputs, outputs, attrs, workspace.bytes())
     }
 

@@ -6,7 +6,7 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use opbridge_ops::dispatch::{self, Plan};
+use opbridge_ops::dispatch::{self, HostOutputs, Plan};
 use opbridge_ops::{AttrValue, Attrs, Entry, ErrorKind, Meta, OpError, Registry, TensorView};
 use opbridge_runtime::{test_device, Allocate, DType, DeviceContext, Error, Storage, Stream, Tensor};
 
@@ -15,6 +15,10 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn cpu_pool() -> &'static Arc<opbridge_runtime::MemoryPool> {
+    DeviceContext::cpu().pool()
 }
 
 fn entry(name: &str, version: Option<u32>) -> Arc<Entry> {
@@ -113,24 +117,38 @@ fn run_host_runs_a_planned_call_on_host_memory() {
     let plan =
         dispatch::plan(&add, &[Some(Meta::new(DType::F32, &[3])), Some(Meta::new(DType::F32, &[1]))], &attrs).unwrap();
     let target = TensorView::contiguous(out.as_mut_ptr() as usize, DType::F32, &[3]);
-    dispatch::run_host(&add, &attrs, &plan, &views, std::slice::from_ref(&target)).unwrap();
+    dispatch::run_host(&add, &attrs, &plan, &views, HostOutputs::Given(std::slice::from_ref(&target)), cpu_pool())
+        .unwrap();
     assert_eq!(out, vec![11.0, 12.0, 13.0]);
 
     // The checks give typed errors, before anything runs.
     let mut short = vec![0f32; 2];
     let wrong_shape = TensorView::contiguous(short.as_mut_ptr() as usize, DType::F32, &[2]);
-    let err = dispatch::run_host(&add, &attrs, &plan, &views, &[wrong_shape]).unwrap_err();
+    let err = dispatch::run_host(
+        &add,
+        &attrs,
+        &plan,
+        &views,
+        HostOutputs::Given(std::slice::from_ref(&wrong_shape)),
+        cpu_pool(),
+    )
+    .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Shape, "{err}");
+    // New outputs are trusted not to overlap anything, never to match the plan.
+    let err =
+        dispatch::run_host(&add, &attrs, &plan, &views, HostOutputs::New(&[wrong_shape]), cpu_pool()).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Shape, "{err}");
     let mut doubles = vec![0f64; 3];
     let wrong_dtype = TensorView::contiguous(doubles.as_mut_ptr() as usize, DType::F64, &[3]);
-    let err = dispatch::run_host(&add, &attrs, &plan, &views, &[wrong_dtype]).unwrap_err();
+    let err =
+        dispatch::run_host(&add, &attrs, &plan, &views, HostOutputs::Given(&[wrong_dtype]), cpu_pool()).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::DType, "{err}");
     // An output overlapping an input must be computed aside by the caller.
     let b_as_out = TensorView {
         strides: [0isize].into_iter().collect(),
         ..TensorView::contiguous(b.as_ptr() as usize, DType::F32, &[3])
     };
-    let err = dispatch::run_host(&add, &attrs, &plan, &views, &[b_as_out]).unwrap_err();
+    let err = dispatch::run_host(&add, &attrs, &plan, &views, HostOutputs::Given(&[b_as_out]), cpu_pool()).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Argument, "{err}");
     assert!(dispatch::overlaps_inputs(
         &add,
@@ -390,12 +408,23 @@ fn a_child_pool_quota_covers_the_kernel_workspace(ctx: &'static Arc<DeviceContex
     // The output fits this quota, the workspace beside it does not.
     let tight = ctx.pool().child(64 * 1024);
     let err = dispatch::launch(&op, &no_attrs(&op), &[Some(x.clone())], None, &stream, &tight).unwrap_err();
-    assert!(
-        matches!(err, OpError::Runtime(Error::OutOfMemory { quota: true, requested, .. }) if requested == n * 1024),
-        "{err:?}"
-    );
+    assert!(matches!(&err, OpError::Workspace { bytes, .. } if *bytes == n * 1024), "{err:?}");
+    assert_eq!(err.kind(), ErrorKind::OutOfMemory);
+    assert!(err.to_string().contains("quota"), "the pool's reason is kept: {err}");
     stream.synchronize().unwrap();
     assert_eq!(tight.usage().0, 0, "the failed call gave its output back");
+    // The numpy path takes its workspace from the allocator it is given, quota included.
+    let mut out = vec![0f32; n];
+    let host_in = [Some(TensorView::of_tensor(&x))];
+    let host_out = [TensorView::contiguous(out.as_mut_ptr() as usize, DType::F32, &[n])];
+    let plan = dispatch::plan(&op, &[Some(Meta::new(DType::F32, &[n]))], &no_attrs(&op)).unwrap();
+    let run = |alloc: &dyn Allocate| {
+        dispatch::run_host(&op, &no_attrs(&op), &plan, &host_in, HostOutputs::New(&host_out), alloc)
+    };
+    let err = run(&tight).unwrap_err();
+    assert!(matches!(&err, OpError::Workspace { bytes, .. } if *bytes == n * 1024), "{err:?}");
+    run(&ctx.pool().child(1 << 20)).unwrap();
+    assert_eq!(out, vec![7.0; n]);
     let roomy = ctx.pool().child(1 << 20);
     for _ in 0..2 {
         let r = dispatch::launch(&op, &no_attrs(&op), &[Some(x.clone())], None, &stream, &roomy).unwrap();

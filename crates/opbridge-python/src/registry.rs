@@ -8,7 +8,7 @@
 use std::sync::{Arc, OnceLock};
 
 use numpy::{PyUntypedArray, PyUntypedArrayMethods};
-use opbridge_ops::dispatch;
+use opbridge_ops::dispatch::{self, HostOutputs};
 use opbridge_ops::registry::{Entry, Lane, Registry, ViewLane};
 use opbridge_ops::schema::AttrSpec;
 use opbridge_ops::{overlap, AttrValue, Attrs, Meta, Overlap, TensorView};
@@ -441,7 +441,13 @@ fn call_host<'py>(
     let out_views: Few<TensorView> = results.iter().map(view_of).collect();
     let bytes: usize = out_views.iter().chain(views.iter().flatten()).map(|v| v.numel() * v.dtype.size()).sum();
     let attrs = &call.attrs;
-    host::run(py, bytes, || dispatch::run_host(entry, attrs, &plan, &views, &out_views)).map_err(to_pyerr)?;
+    let outputs = match given {
+        None => HostOutputs::New(&out_views),
+        Some(_) => HostOutputs::Given(&out_views),
+    };
+    // Kernel scratch memory comes from the CPU pool: `set_memory_limit` covers it.
+    let scratch = DeviceContext::cpu().pool();
+    host::run(py, bytes, || dispatch::run_host(entry, attrs, &plan, &views, outputs, scratch)).map_err(to_pyerr)?;
     for (k, target) in copy_back {
         crate::convert::numpy(py)?.call_method1("copyto", (&target.array, &results[k].array))?;
         results[k] = target;
@@ -563,8 +569,10 @@ fn is_python_number(obj: &Bound<'_, PyAny>) -> bool {
 /// NEP 50's weak scalars, so `float32_array + 1.5` stays float32; numpy 1: value-based
 /// casting). A `Tensor` takes part by its dtype; other operands are converted to arrays here,
 /// once. A number that does not fit the dtype (numpy's `OverflowError`, e.g. `2**40` beside
-/// int32) is an `ArgumentError`.
-fn weak_scalars<'py>(py: Python<'py>, name: &str, call: &mut BoundCall<'py>) -> PyResult<()> {
+/// int32) is an `ArgumentError`, unless the operator computes that integer dtype in a float
+/// dtype (true division: `int32_array / 2**40` is float64 in numpy), which then holds it.
+fn weak_scalars<'py>(py: Python<'py>, entry: &Entry, call: &mut BoundCall<'py>) -> PyResult<()> {
+    let name = entry.schema().name.as_str();
     let schema_inputs = call.inputs.len();
     let numbers =
         call.inputs.iter().flatten().filter(|x| np_ffi::as_ndarray(x).is_none() && is_python_number(x)).count();
@@ -599,20 +607,45 @@ fn weak_scalars<'py>(py: Python<'py>, name: &str, call: &mut BoundCall<'py>) -> 
     })?;
     for k in scalars {
         let Some(value) = call.inputs[k].take() else { continue };
-        let kwargs = PyDict::new(py);
-        kwargs.set_item(pyo3::intern!(py, "dtype"), &dtype)?;
-        let array = np.call_method(pyo3::intern!(py, "asarray"), (&value,), Some(&kwargs)).map_err(|e| {
-            if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(py) {
-                argument_error(format!(
-                    "{name}: the Python scalar {value} does not fit the operands' dtype {dtype}: {e}"
-                ))
-            } else {
-                e
+        let as_dtype = |dtype: &Bound<'py, PyAny>| {
+            let kwargs = PyDict::new(py);
+            kwargs.set_item(pyo3::intern!(py, "dtype"), dtype)?;
+            np.call_method(pyo3::intern!(py, "asarray"), (&value,), Some(&kwargs))
+        };
+        let array = match as_dtype(&dtype) {
+            Ok(array) => array,
+            Err(e) if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(py) => {
+                match computed_as_float(py, entry, call, k, &dtype)? {
+                    Some(float) => as_dtype(&float)?,
+                    None => {
+                        return Err(argument_error(format!(
+                            "{name}: the Python scalar {value} does not fit the operands' dtype {dtype}: {e}"
+                        )))
+                    }
+                }
             }
-        })?;
+            Err(e) => return Err(e),
+        };
         call.inputs[k] = Some(array);
     }
     Ok(())
+}
+
+/// The float dtype the operator converts input `k` to when every input is of the integer
+/// `dtype` (true division computes int32 in float64), if it does.
+fn computed_as_float<'py>(
+    py: Python<'py>,
+    entry: &Entry,
+    call: &BoundCall<'py>,
+    k: usize,
+    dtype: &Bound<'py, PyAny>,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let num: i32 = dtype.getattr(pyo3::intern!(py, "num"))?.extract()?;
+    let Some(dtype) = np_ffi::dtype_of_num(num) else { return Ok(None) };
+    let metas: Few<Option<Meta>> =
+        call.inputs.iter().enumerate().map(|(i, x)| (x.is_some() || i == k).then(|| Meta::new(dtype, &[]))).collect();
+    let planned = entry.op.input_dtypes(&metas, &call.attrs).ok().and_then(|d| d.get(k).copied().flatten());
+    Ok(planned.filter(|d| d.is_float()).map(|d| np_ffi::descr(py, d).into_any()))
 }
 
 /// A call after binding: the numpy path, or the tensor path when any argument is a `Tensor`.
@@ -623,7 +656,7 @@ fn dispatch_call<'py>(
     mut call: BoundCall<'py>,
     out: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    weak_scalars(py, &entry.schema().name, &mut call)?;
+    weak_scalars(py, entry, &mut call)?;
     if is_tensor_call(&call, out) {
         call_tensor(py, entry, call, out)
     } else {

@@ -11,6 +11,11 @@ use crate::errors::to_pyerr;
 /// An ordered queue of work on a device. Each Python thread has its own current stream
 /// (created on first use); ``with stream:`` makes ``stream`` current in the block.
 ///
+/// The current stream belongs to the thread, not to an asyncio task (as in PyTorch): tasks
+/// interleaved on one event loop share it, so a ``with stream:`` held across an ``await``
+/// is seen by the other tasks while it is open. Give each task its stream explicitly
+/// (``stream.launch_host_func``, ``ob.ops.*`` inside a ``with`` block with no ``await``).
+///
 /// Example:
 ///     >>> s = ob.Stream()
 ///     >>> with s:
