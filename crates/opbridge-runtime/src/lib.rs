@@ -18,7 +18,7 @@ pub use device::{CopyKind, Device, HostFn};
 pub use dtype::DType;
 pub use error::{AsyncError, Error, ErrorKind, Result};
 pub use ids::{DeviceId, DeviceKind, DevicePtr};
-pub use memory::{Allocate, Buffer, ChildPool, MemoryPool, PoolStats, SubBuffer, ALIGNMENT};
+pub use memory::{Allocate, Buffer, ChildPool, HostBytes, MemoryPool, PoolStats, SubBuffer, ALIGNMENT};
 pub use stream::{
     current_stream, enter_stream, on_stream_worker, set_current_stream, Event, Stream, StreamContext, StreamId,
     StreamUse,

@@ -5,6 +5,7 @@ mod host;
 pub(crate) mod pool;
 
 pub use buffer::{Buffer, SubBuffer};
+pub use host::HostBytes;
 pub(crate) use host::{host_read, host_write, host_zero_fill};
 pub use pool::{ChildPool, MemoryPool, PoolStats};
 

@@ -120,7 +120,7 @@ struct State {
 
 /// A caching pool over one device's memory. Shared (`Arc`) by every buffer it hands out.
 pub struct MemoryPool {
-    device: Arc<dyn Device>,
+    pub(crate) device: Arc<dyn Device>,
     source: Source,
     streams: Arc<StreamRegistry>,
     state: Mutex<State>,

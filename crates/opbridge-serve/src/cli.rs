@@ -1,0 +1,74 @@
+//! The command line: Triton's flag names where Triton has one.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+
+use crate::server::ControlMode;
+
+/// Serve opbridge operators over the KServe V2 / Triton protocol (HTTP and gRPC).
+#[derive(Debug, Clone, Parser)]
+#[command(name = "opbridge serve", version)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// HTTP port (0 picks a free one).
+    #[arg(long, default_value_t = 8000)]
+    pub http_port: u16,
+    /// gRPC port (0 picks a free one).
+    #[arg(long, default_value_t = 8001)]
+    pub grpc_port: u16,
+    /// Prometheus metrics port (0 picks a free one).
+    #[arg(long, default_value_t = 8002)]
+    pub metrics_port: u16,
+    /// A model repository folder (repeatable).
+    #[arg(long = "repository")]
+    pub repositories: Vec<PathBuf>,
+    /// none: load everything at start; explicit: load with --load-model or the repository API;
+    /// poll: also follow changes of the repository folders.
+    #[arg(long, value_enum, default_value = "none")]
+    pub model_control_mode: ControlMode,
+    /// A model to load at start in explicit mode (repeatable).
+    #[arg(long = "load-model")]
+    pub load_models: Vec<String>,
+    /// Seconds between repository polls in poll mode.
+    #[arg(long, default_value_t = 15)]
+    pub repository_poll_secs: u64,
+    /// Do not serve the built-in operators.
+    #[arg(long)]
+    pub no_builtins: bool,
+    /// Largest HTTP request body, decompressed body and input after JSON expansion, in bytes.
+    #[arg(long, default_value_t = 64 << 20)]
+    pub http_max_input_size: usize,
+    /// Largest gRPC message, in bytes.
+    #[arg(long, default_value_t = 64 << 20)]
+    pub grpc_max_message_size: usize,
+    /// A file holding the bearer token every inference and metadata request must present.
+    #[arg(long)]
+    pub auth_token_file: Option<PathBuf>,
+    /// A file holding the bearer token repository load/unload requests must present.
+    #[arg(long)]
+    pub control_token_file: Option<PathBuf>,
+    /// Log format on stderr.
+    #[arg(long, value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+    /// Log level (error, warn, info, debug, trace) or a tracing filter.
+    #[arg(long, default_value = "info")]
+    pub log_level: String,
+    /// Compute workers per model version.
+    #[arg(long, default_value_t = 2)]
+    pub workers_per_model: usize,
+    /// Requests queued per model version before 503 / UNAVAILABLE.
+    #[arg(long, default_value_t = 1024)]
+    pub max_queue_size: usize,
+    /// Seconds to let requests in flight finish after SIGTERM / SIGINT.
+    #[arg(long, default_value_t = 30)]
+    pub exit_timeout_secs: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}

@@ -1,0 +1,502 @@
+//! The gRPC front end: `inference.GRPCInferenceService` with Triton's messages (our own
+//! `.proto`, compiled with protox), so `tritonclient.grpc` works unchanged.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::net::TcpListener;
+use tonic::{Request, Response, Status};
+
+use crate::datatype::Datatype;
+use crate::error::{Code, ServeError};
+use crate::infer::{self, InferInput, InferRequest, InputData, Numbers, Param, RequestedOutput};
+use crate::server::Server;
+
+#[allow(clippy::all, missing_debug_implementations, missing_docs)]
+pub mod proto {
+    tonic::include_proto!("inference");
+}
+
+use proto::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
+use proto::*;
+
+/// The service over the shared server state.
+#[derive(Debug, Clone)]
+pub struct Service {
+    server: Arc<Server>,
+}
+
+/// Serves gRPC on `listener` until `stop` completes.
+pub async fn serve(
+    listener: TcpListener,
+    server: Arc<Server>,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), String> {
+    let limit = server.limits.grpc_max_message_size;
+    let service = GrpcInferenceServiceServer::new(Service { server })
+        .max_decoding_message_size(limit)
+        .max_encoding_message_size(usize::MAX);
+    let incoming = tokio_stream_listener(listener);
+    tonic::transport::Server::builder()
+        .layer(tower::util::MapResponseLayer::new(move |r| over_limit_is_resource_exhausted(r, limit)))
+        .add_service(service)
+        .serve_with_incoming_shutdown(incoming, stop)
+        .await
+        .map_err(|e| format!("gRPC server: {e}"))
+}
+
+fn tokio_stream_listener(
+    listener: TcpListener,
+) -> impl futures_util::Stream<Item = std::io::Result<tokio::net::TcpStream>> + Send + 'static {
+    futures_util::stream::unfold(listener, |listener| async move {
+        let next = listener.accept().await.map(|(stream, _)| {
+            let _ = stream.set_nodelay(true);
+            stream
+        });
+        Some((next, listener))
+    })
+}
+
+/// tonic refuses a message over the decoding limit with OUT_OF_RANGE; the protocol (and
+/// Triton) say RESOURCE_EXHAUSTED, naming the limit and the flag that raises it.
+fn over_limit_is_resource_exhausted<B>(mut response: http::Response<B>, limit: usize) -> http::Response<B> {
+    let headers = response.headers_mut();
+    let out_of_range = headers.get("grpc-status").is_some_and(|s| s.as_bytes() == b"11");
+    let too_large = headers.get("grpc-message").is_some_and(|m| {
+        let text = String::from_utf8_lossy(m.as_bytes()).to_string();
+        text.contains("message%20length%20too%20large") || text.contains("message length too large")
+    });
+    if out_of_range && too_large {
+        let message = format!(
+            "request message exceeds the maximum allowed size of {limit} bytes. Use --grpc-max-message-size to \
+             increase the limit."
+        );
+        headers.insert("grpc-status", http::HeaderValue::from_static("8"));
+        if let Ok(value) = http::HeaderValue::from_str(&message) {
+            headers.insert("grpc-message", value);
+        }
+    }
+    response
+}
+
+fn version_arg(text: &str) -> Result<Option<u32>, ServeError> {
+    if text.is_empty() {
+        return Ok(None);
+    }
+    text.parse()
+        .map(Some)
+        .map_err(|_| ServeError::invalid(format!("model version must be a non-negative integer, got {text:?}")))
+}
+
+impl Service {
+    fn reject(&self, endpoint: &'static str, error: ServeError) -> Status {
+        self.server.metrics.reject("grpc", endpoint, &error);
+        error.into()
+    }
+
+    fn authorized<T>(&self, request: &Request<T>, endpoint: &'static str) -> Result<(), Status> {
+        self.server.authorize_grpc(request.metadata()).map_err(|e| self.reject(endpoint, e))
+    }
+}
+
+fn param(value: &InferParameter) -> Option<Param> {
+    use proto::infer_parameter::ParameterChoice as P;
+    Some(match value.parameter_choice.as_ref()? {
+        P::BoolParam(b) => Param::Bool(*b),
+        P::Int64Param(i) => Param::Int(*i),
+        P::StringParam(s) => Param::Str(s.clone()),
+        P::DoubleParam(x) => Param::Float(*x),
+        P::Uint64Param(u) => Param::Uint(*u),
+    })
+}
+
+/// Typed contents as numbers of the input's datatype (8/16-bit ints travel in 32-bit fields).
+fn typed_contents(name: &str, datatype: &str, contents: InferTensorContents) -> Result<Numbers, ServeError> {
+    let datatype = Datatype::parse(datatype)
+        .ok_or_else(|| ServeError::invalid(format!("input '{name}': unknown datatype '{datatype}'")))?;
+    let wrong = || ServeError::invalid(format!("input '{name}': contents do not match datatype {}", datatype.name()));
+    Ok(match datatype {
+        Datatype::Fp32 => Numbers::F64(contents.fp32_contents.iter().map(|&x| x as f64).collect()),
+        Datatype::Fp64 => Numbers::F64(contents.fp64_contents),
+        Datatype::Int8 | Datatype::Int16 | Datatype::Int32 => {
+            Numbers::I64(contents.int_contents.iter().map(|&x| x as i64).collect())
+        }
+        Datatype::Int64 => Numbers::I64(contents.int64_contents),
+        Datatype::Uint8 | Datatype::Uint16 | Datatype::Uint32 => {
+            Numbers::U64(contents.uint_contents.iter().map(|&x| x as u64).collect())
+        }
+        Datatype::Uint64 => Numbers::U64(contents.uint64_contents),
+        Datatype::Bool => Numbers::Bool(contents.bool_contents),
+        Datatype::Fp16 | Datatype::Bf16 | Datatype::Bytes => return Err(wrong()),
+    })
+}
+
+fn to_request(message: ModelInferRequest) -> Result<InferRequest, ServeError> {
+    let mut request = InferRequest { id: message.id, ..Default::default() };
+    for (key, value) in &message.parameters {
+        let value = param(value).ok_or_else(|| ServeError::invalid(format!("parameter '{key}' has no value")))?;
+        request.params.push((key.clone(), value));
+    }
+    request.params.sort_by(|a, b| a.0.cmp(&b.0));
+    let raw = message.raw_input_contents;
+    if !raw.is_empty() && raw.len() != message.inputs.len() {
+        return Err(ServeError::invalid(format!(
+            "expected {} raw_input_contents (one per input), got {}",
+            message.inputs.len(),
+            raw.len()
+        )));
+    }
+    let mut raw = raw.into_iter();
+    for input in message.inputs {
+        let data = match (raw.next(), input.contents) {
+            (Some(_), Some(c)) if c != InferTensorContents::default() => {
+                return Err(ServeError::invalid(format!(
+                    "input '{}': contents and raw_input_contents cannot both be given",
+                    input.name
+                )))
+            }
+            (Some(bytes), _) => InputData::Raw(bytes),
+            (None, Some(contents)) => InputData::Numbers(typed_contents(&input.name, &input.datatype, contents)?),
+            (None, None) => return Err(ServeError::invalid(format!("input '{}' has no data", input.name))),
+        };
+        request.inputs.push(InferInput { name: input.name, datatype: input.datatype, shape: input.shape, data });
+    }
+    if !message.outputs.is_empty() {
+        request.outputs =
+            Some(message.outputs.into_iter().map(|o| RequestedOutput { name: o.name, binary: None }).collect());
+    }
+    Ok(request)
+}
+
+#[tonic::async_trait]
+impl GrpcInferenceService for Service {
+    async fn server_live(&self, _: Request<ServerLiveRequest>) -> Result<Response<ServerLiveResponse>, Status> {
+        Ok(Response::new(ServerLiveResponse { live: true }))
+    }
+
+    async fn server_ready(&self, _: Request<ServerReadyRequest>) -> Result<Response<ServerReadyResponse>, Status> {
+        Ok(Response::new(ServerReadyResponse { ready: self.server.is_ready() }))
+    }
+
+    async fn model_ready(&self, request: Request<ModelReadyRequest>) -> Result<Response<ModelReadyResponse>, Status> {
+        self.authorized(&request, "ready")?;
+        let r = request.into_inner();
+        let version = version_arg(&r.version).map_err(|e| self.reject("ready", e))?;
+        match self.server.models.resolve(&r.name, version) {
+            Ok(_) => Ok(Response::new(ModelReadyResponse { ready: true })),
+            Err(e) if e.code == Code::Unavailable => Ok(Response::new(ModelReadyResponse { ready: false })),
+            Err(e) => Err(self.reject("ready", e)),
+        }
+    }
+
+    async fn server_metadata(
+        &self,
+        request: Request<ServerMetadataRequest>,
+    ) -> Result<Response<ServerMetadataResponse>, Status> {
+        self.authorized(&request, "metadata")?;
+        Ok(Response::new(ServerMetadataResponse {
+            name: "opbridge".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            extensions: crate::server::EXTENSIONS.iter().map(|e| e.to_string()).collect(),
+        }))
+    }
+
+    async fn model_metadata(
+        &self,
+        request: Request<ModelMetadataRequest>,
+    ) -> Result<Response<ModelMetadataResponse>, Status> {
+        self.authorized(&request, "metadata")?;
+        let r = request.into_inner();
+        let answer = (|| {
+            let version = version_arg(&r.version)?;
+            let found = self.server.models.resolve(&r.name, version)?;
+            let versions = self.server.models.versions_of(&r.name)?.iter().map(|v| v.version.to_string()).collect();
+            let (inputs, outputs) = crate::server::tensor_metadata(&found);
+            let tensor = |v: serde_json::Value| model_metadata_response::TensorMetadata {
+                name: v["name"].as_str().unwrap_or_default().into(),
+                datatype: v["datatype"].as_str().unwrap_or_default().into(),
+                shape: vec![-1],
+            };
+            Ok::<_, ServeError>(ModelMetadataResponse {
+                name: found.model.clone(),
+                versions,
+                platform: "opbridge".into(),
+                inputs: inputs.into_iter().map(tensor).collect(),
+                outputs: outputs.into_iter().map(tensor).collect(),
+            })
+        })();
+        answer.map(Response::new).map_err(|e| self.reject("metadata", e))
+    }
+
+    async fn model_infer(&self, request: Request<ModelInferRequest>) -> Result<Response<ModelInferResponse>, Status> {
+        let started = Instant::now();
+        self.authorized(&request, "infer")?;
+        let message = request.into_inner();
+        let version = version_arg(&message.model_version).map_err(|e| self.reject("infer", e))?;
+        let found = self.server.models.resolve(&message.model_name, version).map_err(|e| self.reject("infer", e))?;
+        let outcome = async {
+            let request = to_request(message)?;
+            let id = request.id.clone();
+            let outputs = infer::infer(Arc::clone(&found), request, self.server.limits.grpc_max_message_size).await?;
+            let mut response = ModelInferResponse {
+                model_name: found.model.clone(),
+                model_version: found.version.to_string(),
+                id,
+                ..Default::default()
+            };
+            for output in outputs {
+                response.outputs.push(model_infer_response::InferOutputTensor {
+                    name: output.name.clone(),
+                    datatype: output.datatype.name().into(),
+                    shape: output.shape.iter().map(|&d| d as i64).collect(),
+                    ..Default::default()
+                });
+                response.raw_output_contents.push(bytes::Bytes::from_owner(output.data));
+            }
+            Ok::<_, ServeError>(response)
+        }
+        .await;
+        self.server.finish(&found, outcome.as_ref().map(|_| ()), started);
+        outcome.map(Response::new).map_err(Status::from)
+    }
+
+    type ModelStreamInferStream =
+        std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<ModelStreamInferResponse, Status>> + Send + 'static>>;
+
+    async fn model_stream_infer(
+        &self,
+        _: Request<tonic::Streaming<ModelInferRequest>>,
+    ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
+        Err(self.reject("infer", ServeError::new(Code::Unimplemented, "streaming inference is not supported")))
+    }
+
+    async fn model_config(
+        &self,
+        request: Request<ModelConfigRequest>,
+    ) -> Result<Response<ModelConfigResponse>, Status> {
+        self.authorized(&request, "config")?;
+        let r = request.into_inner();
+        let answer = (|| {
+            let version = version_arg(&r.version)?;
+            let json = self.server.model_config(&r.name, version)?;
+            Ok::<_, ServeError>(config_message(&json))
+        })();
+        answer
+            .map(|config| Response::new(ModelConfigResponse { config: Some(config) }))
+            .map_err(|e| self.reject("config", e))
+    }
+
+    async fn model_statistics(
+        &self,
+        request: Request<ModelStatisticsRequest>,
+    ) -> Result<Response<ModelStatisticsResponse>, Status> {
+        self.authorized(&request, "stats")?;
+        let r = request.into_inner();
+        let answer = (|| {
+            let name = (!r.name.is_empty()).then_some(r.name.as_str());
+            let version = version_arg(&r.version)?;
+            let json = self.server.stats_json(name, version)?;
+            Ok::<_, ServeError>(stats_message(&json))
+        })();
+        answer.map(Response::new).map_err(|e| self.reject("stats", e))
+    }
+
+    async fn repository_index(
+        &self,
+        request: Request<RepositoryIndexRequest>,
+    ) -> Result<Response<RepositoryIndexResponse>, Status> {
+        self.authorized(&request, "repository")?;
+        let ready = request.into_inner().ready;
+        let models = self
+            .server
+            .models
+            .index(ready)
+            .into_iter()
+            .map(|e| repository_index_response::ModelIndex {
+                name: e.name,
+                version: e.version.map(|v| v.to_string()).unwrap_or_default(),
+                state: e.state.into(),
+                reason: e.reason,
+            })
+            .collect();
+        Ok(Response::new(RepositoryIndexResponse { models }))
+    }
+
+    async fn repository_model_load(
+        &self,
+        request: Request<RepositoryModelLoadRequest>,
+    ) -> Result<Response<RepositoryModelLoadResponse>, Status> {
+        self.server.authorize_control_grpc(request.metadata()).map_err(|e| self.reject("repository", e))?;
+        let r = request.into_inner();
+        if !r.parameters.is_empty() {
+            let error =
+                ServeError::new(Code::Unimplemented, "loading with a config or files in the request is not supported");
+            return Err(self.reject("repository", error));
+        }
+        self.server.control(&r.model_name, true).await.map_err(|e| self.reject("repository", e))?;
+        Ok(Response::new(RepositoryModelLoadResponse {}))
+    }
+
+    async fn repository_model_unload(
+        &self,
+        request: Request<RepositoryModelUnloadRequest>,
+    ) -> Result<Response<RepositoryModelUnloadResponse>, Status> {
+        self.server.authorize_control_grpc(request.metadata()).map_err(|e| self.reject("repository", e))?;
+        let r = request.into_inner();
+        self.server.control(&r.model_name, false).await.map_err(|e| self.reject("repository", e))?;
+        Ok(Response::new(RepositoryModelUnloadResponse {}))
+    }
+
+    async fn system_shared_memory_status(
+        &self,
+        _: Request<SystemSharedMemoryStatusRequest>,
+    ) -> Result<Response<SystemSharedMemoryStatusResponse>, Status> {
+        Err(unimplemented("system shared memory"))
+    }
+
+    async fn system_shared_memory_register(
+        &self,
+        _: Request<SystemSharedMemoryRegisterRequest>,
+    ) -> Result<Response<SystemSharedMemoryRegisterResponse>, Status> {
+        Err(unimplemented("system shared memory"))
+    }
+
+    async fn system_shared_memory_unregister(
+        &self,
+        _: Request<SystemSharedMemoryUnregisterRequest>,
+    ) -> Result<Response<SystemSharedMemoryUnregisterResponse>, Status> {
+        Err(unimplemented("system shared memory"))
+    }
+
+    async fn cuda_shared_memory_status(
+        &self,
+        _: Request<CudaSharedMemoryStatusRequest>,
+    ) -> Result<Response<CudaSharedMemoryStatusResponse>, Status> {
+        Err(unimplemented("CUDA shared memory"))
+    }
+
+    async fn cuda_shared_memory_register(
+        &self,
+        _: Request<CudaSharedMemoryRegisterRequest>,
+    ) -> Result<Response<CudaSharedMemoryRegisterResponse>, Status> {
+        Err(unimplemented("CUDA shared memory"))
+    }
+
+    async fn cuda_shared_memory_unregister(
+        &self,
+        _: Request<CudaSharedMemoryUnregisterRequest>,
+    ) -> Result<Response<CudaSharedMemoryUnregisterResponse>, Status> {
+        Err(unimplemented("CUDA shared memory"))
+    }
+
+    async fn trace_setting(&self, _: Request<TraceSettingRequest>) -> Result<Response<TraceSettingResponse>, Status> {
+        Err(unimplemented("trace settings"))
+    }
+
+    async fn log_settings(&self, _: Request<LogSettingsRequest>) -> Result<Response<LogSettingsResponse>, Status> {
+        Err(unimplemented("log settings"))
+    }
+}
+
+fn unimplemented(what: &str) -> Status {
+    Status::unimplemented(format!("{what} is not supported by this server"))
+}
+
+/// The configuration JSON (see `Server::model_config`) as the protocol's message.
+fn config_message(json: &serde_json::Value) -> ModelConfig {
+    let type_code = |name: &str| {
+        Datatype::ALL
+            .into_iter()
+            .find(|d| format!("TYPE_{}", d.name()) == name || (name == "TYPE_STRING" && *d == Datatype::Bytes))
+            .map_or(0, Datatype::config_code)
+    };
+    let s = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+    let mut parameters: HashMap<String, ModelParameter> = HashMap::new();
+    for (k, v) in json["parameters"].as_object().into_iter().flatten() {
+        parameters.insert(k.clone(), ModelParameter { string_value: s(&v["string_value"]) });
+    }
+    for input in json["input"].as_array().into_iter().flatten() {
+        let accepted: Vec<String> = input["accepted_data_types"].as_array().into_iter().flatten().map(&s).collect();
+        parameters.insert(
+            format!("input.{}.data_types", s(&input["name"])),
+            ModelParameter { string_value: accepted.join(",") },
+        );
+    }
+    let versions: Vec<i64> = json["version_policy"]["specific"]["versions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v.as_i64())
+        .collect();
+    ModelConfig {
+        name: s(&json["name"]),
+        platform: s(&json["platform"]),
+        backend: s(&json["backend"]),
+        version_policy: Some(ModelVersionPolicy {
+            policy_choice: Some(model_version_policy::PolicyChoice::Specific(model_version_policy::Specific {
+                versions,
+            })),
+        }),
+        max_batch_size: 0,
+        input: json["input"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|i| ModelInput {
+                name: s(&i["name"]),
+                data_type: type_code(i["data_type"].as_str().unwrap_or_default()),
+                dims: vec![-1],
+                optional: i["optional"].as_bool().unwrap_or(false),
+                ..Default::default()
+            })
+            .collect(),
+        output: json["output"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|o| ModelOutput {
+                name: s(&o["name"]),
+                data_type: type_code(o["data_type"].as_str().unwrap_or_default()),
+                dims: vec![-1],
+                ..Default::default()
+            })
+            .collect(),
+        parameters,
+        ..Default::default()
+    }
+}
+
+/// The statistics JSON (see `Server::stats_json`) as the protocol's message.
+fn stats_message(json: &serde_json::Value) -> ModelStatisticsResponse {
+    let duration = |v: &serde_json::Value| {
+        Some(StatisticDuration { count: v["count"].as_u64().unwrap_or(0), ns: v["ns"].as_u64().unwrap_or(0) })
+    };
+    let model_stats = json["model_stats"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| {
+            let i = &m["inference_stats"];
+            ModelStatistics {
+                name: m["name"].as_str().unwrap_or_default().into(),
+                version: m["version"].as_str().unwrap_or_default().into(),
+                last_inference: m["last_inference"].as_u64().unwrap_or(0),
+                inference_count: m["inference_count"].as_u64().unwrap_or(0),
+                execution_count: m["execution_count"].as_u64().unwrap_or(0),
+                inference_stats: Some(InferStatistics {
+                    success: duration(&i["success"]),
+                    fail: duration(&i["fail"]),
+                    queue: duration(&i["queue"]),
+                    compute_input: duration(&i["compute_input"]),
+                    compute_infer: duration(&i["compute_infer"]),
+                    compute_output: duration(&i["compute_output"]),
+                    cache_hit: duration(&i["cache_hit"]),
+                    cache_miss: duration(&i["cache_miss"]),
+                }),
+                ..Default::default()
+            }
+        })
+        .collect();
+    ModelStatisticsResponse { model_stats }
+}

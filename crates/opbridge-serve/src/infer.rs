@@ -1,0 +1,418 @@
+//! One inference, whatever protocol brought it: validate everything before compute (names,
+//! datatypes, shapes, byte sizes, attributes), write the inputs straight into pooled memory,
+//! run the operator on a compute worker, and hand the outputs back as host bytes owned by
+//! their tensors (encoded without another copy).
+
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use opbridge_ops::dispatch;
+use opbridge_ops::schema::AttrSpec;
+use opbridge_ops::{AttrValue, Meta};
+use opbridge_runtime::{DType, DeviceContext, HostBytes, StreamId, Tensor};
+
+use crate::datatype::Datatype;
+use crate::error::{Code, Result, ServeError};
+use crate::models::{truncate, ModelVersion};
+
+/// A request parameter's value (JSON scalar or gRPC `InferParameter`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Param {
+    Bool(bool),
+    Int(i64),
+    Uint(u64),
+    Float(f64),
+    Str(String),
+}
+
+/// An input tensor's data as it arrived.
+#[derive(Debug, Clone)]
+pub enum InputData {
+    /// Row-major little-endian bytes (HTTP binary extension, gRPC raw contents).
+    Raw(Bytes),
+    /// Numbers, converted to the datatype (JSON `data` flattened, gRPC typed contents).
+    Numbers(Numbers),
+}
+
+/// Typed numbers of an input given as values rather than bytes.
+#[derive(Debug, Clone)]
+pub enum Numbers {
+    F64(Vec<f64>),
+    I64(Vec<i64>),
+    U64(Vec<u64>),
+    Bool(Vec<bool>),
+}
+
+impl Numbers {
+    fn len(&self) -> usize {
+        match self {
+            Numbers::F64(v) => v.len(),
+            Numbers::I64(v) => v.len(),
+            Numbers::U64(v) => v.len(),
+            Numbers::Bool(v) => v.len(),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct InferInput {
+    pub name: String,
+    pub datatype: String,
+    pub shape: Vec<i64>,
+    pub data: InputData,
+}
+
+#[derive(Debug, Clone)]
+pub struct RequestedOutput {
+    pub name: String,
+    /// `binary_data` of this output (HTTP), overriding the request's `binary_data_output`.
+    pub binary: Option<bool>,
+}
+
+/// A request, protocol-neutral.
+#[derive(Debug, Clone, Default)]
+pub struct InferRequest {
+    pub id: String,
+    pub params: Vec<(String, Param)>,
+    pub inputs: Vec<InferInput>,
+    /// `None`: every output.
+    pub outputs: Option<Vec<RequestedOutput>>,
+}
+
+/// One output of a finished inference.
+#[derive(Debug)]
+pub struct Output {
+    pub name: String,
+    pub datatype: Datatype,
+    pub shape: Vec<usize>,
+    pub data: HostBytes,
+    /// Whether the client asked for it as binary (HTTP).
+    pub binary: Option<bool>,
+}
+
+impl Output {
+    pub fn bytes(&self) -> &[u8] {
+        self.data.as_ref()
+    }
+}
+
+/// Parameters of the protocol itself, never operator attributes: honoured elsewhere or ignored,
+/// as Triton does.
+fn is_protocol_param(name: &str) -> bool {
+    matches!(name, "binary_data_output" | "priority" | "timeout" | "headers" | "triton_enable_empty_final_response")
+        || name.starts_with("sequence_")
+        || name.starts_with("shared_memory_")
+}
+
+/// The attribute value of a request parameter, typed by the schema's attribute.
+fn attr_value(model: &str, spec: &AttrSpec, param: &Param) -> Result<AttrValue> {
+    let bad = |what: &str| {
+        ServeError::invalid(format!("model '{model}': parameter '{}' must be {what}, got {param:?}", spec.name))
+    };
+    let kind = spec.default.as_ref();
+    Ok(match (kind, param) {
+        (_, Param::Str(s)) if matches!(kind, Some(AttrValue::Ints(_))) => {
+            AttrValue::Ints(parse_ints(s).ok_or_else(|| bad("a list of integers, like \"[0, 1]\""))?)
+        }
+        (Some(AttrValue::Bool(_)), Param::Bool(b)) => AttrValue::Bool(*b),
+        (Some(AttrValue::Bool(_)), _) => return Err(bad("a boolean")),
+        (Some(AttrValue::Str(_)), Param::Str(s)) => AttrValue::Str(s.clone()),
+        (Some(AttrValue::Str(_)), _) => return Err(bad("a string")),
+        (Some(AttrValue::Ints(_)), Param::Int(i)) => AttrValue::Ints(vec![*i]),
+        (Some(AttrValue::Ints(_)), _) => return Err(bad("a list of integers")),
+        _ if spec.takes_float => match param {
+            Param::Float(x) => AttrValue::Float(*x),
+            Param::Int(i) => AttrValue::Float(*i as f64),
+            Param::Uint(u) => AttrValue::Float(*u as f64),
+            _ => return Err(bad("a number")),
+        },
+        (Some(AttrValue::Int(_)) | Some(AttrValue::None) | None, Param::Int(i)) => AttrValue::Int(*i),
+        (Some(AttrValue::Int(_)) | Some(AttrValue::None) | None, Param::Uint(u)) => {
+            AttrValue::Int(i64::try_from(*u).map_err(|_| bad("an integer in int64's range"))?)
+        }
+        (Some(AttrValue::Float(_)), Param::Float(x)) => AttrValue::Float(*x),
+        (Some(AttrValue::Float(_)), Param::Int(i)) => AttrValue::Float(*i as f64),
+        (_, Param::Bool(b)) if kind.is_none() => AttrValue::Bool(*b),
+        (_, Param::Str(s)) if kind.is_none() => AttrValue::Str(s.clone()),
+        (_, Param::Float(x)) if kind.is_none() => AttrValue::Float(*x),
+        _ => return Err(bad("a value of the attribute's type")),
+    })
+}
+
+fn parse_ints(text: &str) -> Option<Vec<i64>> {
+    let inner = text.trim().trim_start_matches('[').trim_end_matches(']');
+    if inner.trim().is_empty() {
+        return Some(Vec::new());
+    }
+    inner.split(',').map(|p| p.trim().parse().ok()).collect()
+}
+
+/// A request checked against its model, its inputs already in pooled memory.
+#[derive(Debug)]
+pub struct Prepared {
+    attrs: opbridge_ops::Attrs,
+    inputs: Vec<Option<Arc<Tensor>>>,
+    /// Per schema output: requested, and how.
+    wanted: Vec<Option<Option<bool>>>,
+    plan_outputs: Vec<Meta>,
+    decoded_at: Instant,
+    input_ns: u64,
+}
+
+/// Checks `request` against `model` and writes its inputs into pooled memory. Every client
+/// mistake is an `InvalidArgument` (or `TooLarge`) here, before anything runs.
+pub fn prepare(model: &ModelVersion, request: InferRequest, max_input_bytes: usize) -> Result<Prepared> {
+    let started = Instant::now();
+    let schema = model.entry.schema();
+    let name = &model.model;
+    // Attributes: request parameters named by the schema; the protocol's own are skipped.
+    let mut given: Vec<(String, AttrValue)> = model.fixed.clone();
+    let mut unknown = Vec::new();
+    for (key, param) in &request.params {
+        if is_protocol_param(key) {
+            continue;
+        }
+        if model.fixed.iter().any(|(fixed, _)| fixed == key) {
+            return Err(ServeError::invalid(format!("model '{name}' fixes parameter '{key}': it cannot be set")));
+        }
+        match schema.attrs.iter().find(|a| &a.name == key) {
+            Some(spec) => given.push((key.clone(), attr_value(name, spec, param)?)),
+            None => unknown.push(truncate(key, 64)),
+        }
+    }
+    if !unknown.is_empty() {
+        let known: Vec<&str> = schema.attrs.iter().map(|a| a.name.as_str()).collect();
+        return Err(ServeError::invalid(format!(
+            "model '{name}': unknown parameter(s) {}; it takes {}",
+            unknown.join(", "),
+            if known.is_empty() { "none".to_string() } else { known.join(", ") }
+        )));
+    }
+    let attrs = schema.bind_attrs(given.iter().map(|(k, v)| (k.as_str(), v.clone())))?;
+
+    // Inputs: each named once, by the schema; required ones present.
+    let mut slots: Vec<Option<InferInput>> = vec![None; schema.inputs.len()];
+    for input in request.inputs {
+        let Some(k) = schema.inputs.iter().position(|s| s.name == input.name) else {
+            let names: Vec<&str> = schema.inputs.iter().map(|s| s.name.as_str()).collect();
+            return Err(ServeError::invalid(format!(
+                "unexpected inference input '{}' for model '{name}'; it takes {}",
+                truncate(&input.name, 64),
+                names.join(", ")
+            )));
+        };
+        if slots[k].is_some() {
+            return Err(ServeError::invalid(format!("input '{}' given twice for model '{name}'", input.name)));
+        }
+        slots[k] = Some(input);
+    }
+    let missing: Vec<&str> = schema
+        .inputs
+        .iter()
+        .zip(&slots)
+        .filter(|(s, i)| !s.optional && i.is_none())
+        .map(|(s, _)| s.name.as_str())
+        .collect();
+    if !missing.is_empty() {
+        return Err(ServeError::invalid(format!(
+            "expected {} inputs for model '{name}', missing required input(s) {}",
+            schema.inputs.iter().filter(|s| !s.optional).count(),
+            missing.join(", ")
+        )));
+    }
+    // Outputs asked for must exist.
+    let mut wanted: Vec<Option<Option<bool>>> = vec![None; schema.outputs.len()];
+    match &request.outputs {
+        None => wanted.iter_mut().for_each(|w| *w = Some(None)),
+        Some(outputs) => {
+            for out in outputs {
+                let Some(k) = schema.outputs.iter().position(|o| *o == out.name) else {
+                    return Err(ServeError::invalid(format!(
+                        "unexpected inference output '{}' for model '{name}'; it has {}",
+                        truncate(&out.name, 64),
+                        schema.outputs.join(", ")
+                    )));
+                };
+                wanted[k] = Some(out.binary);
+            }
+        }
+    }
+
+    let ctx = DeviceContext::get(model.device)?;
+    let mut inputs = Vec::with_capacity(slots.len());
+    let mut metas = Vec::with_capacity(slots.len());
+    for (spec, slot) in schema.inputs.iter().zip(slots) {
+        let Some(input) = slot else {
+            inputs.push(None);
+            metas.push(None);
+            continue;
+        };
+        let accepted = spec.dtypes(&schema.dtypes);
+        let takes = || accepted.iter().map(|d| Datatype::of(*d).name()).collect::<Vec<_>>().join(", ");
+        let datatype = Datatype::parse(&input.datatype).ok_or_else(|| {
+            ServeError::invalid(format!(
+                "input '{}': unknown datatype '{}'; model '{name}' takes {}",
+                input.name,
+                truncate(&input.datatype, 16),
+                takes()
+            ))
+        })?;
+        let dtype = datatype.dtype().filter(|d| accepted.contains(d)).ok_or_else(|| {
+            ServeError::invalid(format!(
+                "input '{}' of model '{name}': datatype {} is not supported; it takes {}",
+                input.name,
+                datatype.name(),
+                takes()
+            ))
+        })?;
+        let shape: Vec<usize> =
+            input.shape.iter().map(|&d| usize::try_from(d)).collect::<std::result::Result<_, _>>().map_err(|_| {
+                ServeError::invalid(format!("input '{}': negative dimension in shape {:?}", input.name, input.shape))
+            })?;
+        let count = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
+        let bytes = count.and_then(|n| n.checked_mul(dtype.size()));
+        let Some(bytes) = bytes.filter(|&b| b <= isize::MAX as usize) else {
+            return Err(ServeError::invalid(format!("input '{}': shape {:?} overflows", input.name, input.shape)));
+        };
+        if bytes > max_input_bytes {
+            return Err(ServeError::new(
+                Code::TooLarge,
+                format!(
+                    "input '{}' of {bytes} bytes exceeds the maximum allowed input size of {max_input_bytes} bytes; use \
+                     --http-max-input-size / --grpc-max-message-size to increase the limit",
+                    input.name
+                ),
+            ));
+        }
+        let mut tensor = Tensor::empty(ctx, &shape, dtype, StreamId::HOST)?;
+        match &input.data {
+            InputData::Raw(raw) => {
+                if raw.len() != bytes {
+                    return Err(ServeError::invalid(format!(
+                        "input byte size mismatch for input '{}' for model '{name}'. Expected {bytes}, got {}",
+                        input.name,
+                        raw.len()
+                    )));
+                }
+                tensor.write_from_host(raw)?;
+            }
+            InputData::Numbers(numbers) => {
+                let count = count.unwrap_or(0);
+                if numbers.len() != count {
+                    return Err(ServeError::invalid(format!(
+                        "unexpected number of elements for input '{}' of model '{name}': shape {:?} holds {count}, got {}",
+                        input.name,
+                        input.shape,
+                        numbers.len()
+                    )));
+                }
+                let encoded = encode_numbers(&input.name, numbers, dtype)?;
+                tensor.write_from_host(&encoded)?;
+            }
+        }
+        metas.push(Some(Meta::new(dtype, &shape)));
+        inputs.push(Some(Arc::new(tensor)));
+    }
+    let plan = dispatch::plan(&model.entry, &metas, &attrs)?;
+    Ok(Prepared {
+        attrs,
+        inputs,
+        wanted,
+        plan_outputs: plan.outputs,
+        decoded_at: Instant::now(),
+        input_ns: started.elapsed().as_nanos() as u64,
+    })
+}
+
+/// Numbers as little-endian bytes of `dtype`, each checked to be representable.
+fn encode_numbers(input: &str, numbers: &Numbers, dtype: DType) -> Result<Vec<u8>> {
+    let bad = |v: String| ServeError::invalid(format!("input '{input}': value {v} is not a valid {dtype}"));
+    let mut out = Vec::with_capacity(numbers.len() * dtype.size());
+    let as_f64: Vec<f64> = match numbers {
+        Numbers::F64(v) => v.clone(),
+        Numbers::I64(v) if dtype.is_float() => v.iter().map(|&x| x as f64).collect(),
+        Numbers::U64(v) if dtype.is_float() => v.iter().map(|&x| x as f64).collect(),
+        Numbers::Bool(_) => return Err(bad("true/false".into())),
+        _ => Vec::new(),
+    };
+    match dtype {
+        DType::F16 => as_f64.iter().for_each(|&x| out.extend(half::f16::from_f64(x).to_le_bytes())),
+        DType::F32 => as_f64.iter().for_each(|&x| out.extend((x as f32).to_le_bytes())),
+        DType::F64 => as_f64.iter().for_each(|&x| out.extend(x.to_le_bytes())),
+        DType::I32 | DType::I64 => {
+            let ints: Vec<i64> = match numbers {
+                Numbers::I64(v) => v.clone(),
+                Numbers::U64(v) => {
+                    v.iter().map(|&x| i64::try_from(x).map_err(|_| bad(x.to_string()))).collect::<Result<_>>()?
+                }
+                Numbers::F64(v) => v
+                    .iter()
+                    .map(|&x| if x.fract() == 0.0 && x.abs() < 9.2e18 { Ok(x as i64) } else { Err(bad(x.to_string())) })
+                    .collect::<Result<_>>()?,
+                Numbers::Bool(_) => unreachable!("refused above"),
+            };
+            for x in ints {
+                if dtype == DType::I32 {
+                    let x = i32::try_from(x).map_err(|_| bad(x.to_string()))?;
+                    out.extend(x.to_le_bytes());
+                } else {
+                    out.extend(x.to_le_bytes());
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Runs a prepared request on a compute worker's stream and returns its outputs (blocking:
+/// this is the worker's side). Records the statistics.
+pub fn execute(model: &ModelVersion, prepared: Prepared, stream: &opbridge_runtime::Stream) -> Result<Vec<Output>> {
+    let queued_ns = prepared.decoded_at.elapsed().as_nanos() as u64;
+    let stats = &model.stats;
+    stats.queue.add(queued_ns);
+    stats.compute_input.add(prepared.input_ns);
+    let started = Instant::now();
+    let ctx = DeviceContext::get(model.device)?;
+    let results = dispatch::launch(&model.entry, &prepared.attrs, &prepared.inputs, None, stream, ctx.pool())?;
+    drop(prepared.inputs);
+    stream.synchronize()?;
+    stats.compute_infer.add(started.elapsed().as_nanos() as u64);
+    let encoding = Instant::now();
+    let schema = model.entry.schema();
+    let mut outputs = Vec::new();
+    for (k, tensor) in results.into_iter().enumerate() {
+        let Some(binary) = prepared.wanted[k] else { continue };
+        let tensor = Arc::try_unwrap(tensor)
+            .map_err(|_| ServeError::internal("an output tensor is still shared after the call"))?;
+        let data = tensor.into_host_bytes().map_err(|failed| ServeError::from(failed.1))?;
+        let meta = &prepared.plan_outputs[k];
+        outputs.push(Output {
+            name: schema.outputs[k].clone(),
+            datatype: Datatype::of(meta.dtype),
+            shape: data.tensor().shape().to_vec(),
+            data,
+            binary,
+        });
+    }
+    stats.compute_output.add(encoding.elapsed().as_nanos() as u64);
+    stats.inference_count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    stats.execution_count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    stats.last_inference_ms.store(now_ms, std::sync::atomic::Ordering::Relaxed);
+    Ok(outputs)
+}
+
+/// Prepares and runs `request` on `model`'s executor; the awaitable result.
+pub async fn infer(model: Arc<ModelVersion>, request: InferRequest, max_input_bytes: usize) -> Result<Vec<Output>> {
+    let (reply, result) = tokio::sync::oneshot::channel();
+    let worker_model = Arc::clone(&model);
+    // Decoding into pooled memory and validation run on the worker too: no kernel-sized work on
+    // the async runtime's threads.
+    model.executor.submit(Box::new(move |stream| {
+        let outcome = prepare(&worker_model, request, max_input_bytes)
+            .and_then(|prepared| execute(&worker_model, prepared, stream));
+        let _ = reply.send(outcome);
+    }))?;
+    result.await.map_err(|_| ServeError::internal("the compute worker stopped before answering"))?
+}

@@ -1,0 +1,189 @@
+//! `opbridge serve`: opbridge operators served over the KServe V2 / Triton protocol.
+//!
+//! - [`models`]: every registered operator is a model; its versions are the op's versions.
+//! - [`executor`]: each loaded version's bounded queue and compute workers (kernels never run
+//!   on the async runtime's threads).
+//! - [`infer`]: one inference, protocol-neutral: validate, decode into pooled memory, run.
+//! - [`http`] and [`grpc`]: the two front ends; [`metrics`]: Prometheus text with Triton's names.
+#![forbid(unsafe_code)]
+
+pub mod cli;
+pub mod datatype;
+pub mod error;
+pub mod executor;
+pub mod grpc;
+pub mod http;
+pub mod infer;
+pub mod metrics;
+pub mod models;
+pub mod server;
+
+use std::ffi::OsString;
+use std::future::IntoFuture;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use tokio::net::TcpListener;
+
+use crate::cli::{LogFormat, ServeArgs};
+use crate::models::{ExecOptions, Models};
+use crate::server::{ControlMode, Limits, Server, Token};
+
+/// Parses `args` (the program name first) and runs the server until SIGTERM / SIGINT.
+pub fn main_with_args<I, T>(args: I) -> ExitCode
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let args = match ServeArgs::try_parse_from(args) {
+        Ok(args) => args,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+        }
+    };
+    init_logging(&args);
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("opbridge serve: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(args: &ServeArgs) {
+    let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = match args.log_format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder.with_ansi(false).try_init(),
+    };
+}
+
+fn read_token(path: &Option<std::path::PathBuf>, flag: &str) -> Result<Option<Token>, String> {
+    let Some(path) = path else { return Ok(None) };
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{flag} {}: {e}", path.display()))?;
+    if text.trim().is_empty() {
+        return Err(format!("{flag} {}: the file is empty", path.display()));
+    }
+    Ok(Some(Token::new(&text)))
+}
+
+/// Builds the model table, binds every listener, prints the ready line, and serves until
+/// SIGTERM / SIGINT; then stops accepting, lets requests in flight finish (bounded), unloads.
+pub fn run(args: ServeArgs) -> Result<(), String> {
+    let auth = read_token(&args.auth_token_file, "--auth-token-file")?;
+    let control_token = read_token(&args.control_token_file, "--control-token-file")?;
+    if !args.repositories.is_empty() {
+        return Err("--repository: model repositories are not supported yet by this build".into());
+    }
+    let registry = opbridge_ops::Registry::new();
+    if !args.no_builtins {
+        opbridge_ops::register_builtins(&registry).map_err(|e| e.to_string())?;
+    }
+    let models =
+        Arc::new(Models::new(registry, ExecOptions { workers: args.workers_per_model, queue: args.max_queue_size }));
+    match args.model_control_mode {
+        ControlMode::None | ControlMode::Poll => models.discover(true).map_err(|e| e.to_string())?,
+        ControlMode::Explicit => {
+            models.discover(false).map_err(|e| e.to_string())?;
+            for name in &args.load_models {
+                models.load(name).map_err(|e| format!("--load-model {name}: {e}"))?;
+            }
+        }
+    }
+    let server = Arc::new(Server::new(
+        Arc::clone(&models),
+        Limits { http_max_input_size: args.http_max_input_size, grpc_max_message_size: args.grpc_max_message_size },
+        auth,
+        control_token,
+        args.model_control_mode,
+    ));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("opbridge-serve-io")
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    runtime.block_on(serve(args, Arc::clone(&server)))?;
+    // Requests in flight have finished (or the grace period is over): unload everything.
+    models.unload_all();
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn bind(host: &str, port: u16, what: &str) -> Result<TcpListener, String> {
+    TcpListener::bind((host, port)).await.map_err(|e| format!("cannot listen for {what} on {host}:{port}: {e}"))
+}
+
+async fn serve(args: ServeArgs, server: Arc<Server>) -> Result<(), String> {
+    let http = bind(&args.host, args.http_port, "HTTP").await?;
+    let grpc = bind(&args.host, args.grpc_port, "gRPC").await?;
+    let metrics = bind(&args.host, args.metrics_port, "metrics").await?;
+    let addr = |l: &TcpListener| l.local_addr().map(|a: SocketAddr| a.to_string()).unwrap_or_default();
+    let ready_line =
+        serde_json::json!({"event": "ready", "http": addr(&http), "grpc": addr(&grpc), "metrics": addr(&metrics)});
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        }
+    };
+    let http_task = tokio::spawn(
+        axum::serve(http, http::router(Arc::clone(&server))).with_graceful_shutdown(stopped()).into_future(),
+    );
+    let metrics_task = tokio::spawn(
+        axum::serve(metrics, http::metrics_router(Arc::clone(&server))).with_graceful_shutdown(stopped()).into_future(),
+    );
+    let grpc_task = tokio::spawn(grpc::serve(grpc, Arc::clone(&server), stopped()));
+
+    server.set_ready(true);
+    {
+        let mut stdout = std::io::stdout().lock();
+        let _ = writeln!(stdout, "{ready_line}");
+        let _ = stdout.flush();
+    }
+    tracing::info!(%ready_line, "serving");
+
+    wait_for_signal().await;
+    tracing::info!("shutting down: no new connections; requests in flight finish");
+    server.set_ready(false);
+    let _ = stop_tx.send(true);
+    let grace = Duration::from_secs(args.exit_timeout_secs);
+    let all = async {
+        let _ = http_task.await;
+        let _ = grpc_task.await;
+        let _ = metrics_task.await;
+    };
+    if tokio::time::timeout(grace, all).await.is_err() {
+        tracing::warn!("requests still in flight after {}s: stopping anyway", args.exit_timeout_secs);
+    }
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => {},
+            _ = int.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
