@@ -12,7 +12,14 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "maturin>=1.7,<2" "numpy>=1.24" "pytest>=7" "mypy>=1.8" "psutil>=5" "typing_extensions>=4.12" \
-		"ruff>=0.6,<1"
+		"ruff>=0.6,<1" "tritonclient[http,grpc]>=2.40"
+	touch $(SERVE_DEPS)
+
+# A venv made before the server's test clients joined the dev tools gets them here.
+SERVE_DEPS := $(VENV)/.serve-test-deps
+$(SERVE_DEPS): $(PY)
+	$(PY) -m pip install -q "tritonclient[http,grpc]>=2.40"
+	touch $(SERVE_DEPS)
 
 # A venv made before ruff joined the dev tools gets it here.
 $(RUFF): $(PY)
@@ -20,8 +27,12 @@ $(RUFF): $(PY)
 
 setup: $(PY) build
 
+# The extension module, and the server binary that `opbridge serve` runs (shipped in the package).
 build: $(PY)
 	$(VENV)/bin/maturin develop --release -q
+	cargo build --release -q -p opbridge-serve
+	mkdir -p python/opbridge/_bin
+	cp target/release/opbridge-serve python/opbridge/_bin/opbridge-serve
 
 demo: setup
 	$(PY) benchmarks/demo.py
@@ -31,7 +42,7 @@ test: setup lint test-rust test-python stubtest
 test-rust:
 	cargo test --workspace --exclude opbridge-python -q
 
-test-python: $(PY)
+test-python: $(PY) $(SERVE_DEPS)
 	$(PY) -m pytest -q
 
 stubtest: $(PY)

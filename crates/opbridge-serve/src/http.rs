@@ -373,6 +373,10 @@ fn parse_request(s: &Server, model: &ModelVersion, headers: &HeaderMap, body: By
                 InputData::Raw(binary.split_to(size))
             }
             (None, Some(data)) => {
+                // Datatypes the input does not take are refused before their data is read.
+                if let Some(spec) = model.entry.schema().inputs.iter().find(|s| s.name == input.name) {
+                    infer::accepted_dtype(model, spec, &input.name, &input.datatype)?;
+                }
                 let datatype = Datatype::parse(&input.datatype).ok_or_else(|| {
                     ServeError::invalid(format!(
                         "input '{}': unknown datatype '{}'",

@@ -8,7 +8,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use opbridge_ops::dispatch;
-use opbridge_ops::schema::AttrSpec;
+use opbridge_ops::schema::{AttrSpec, InputSpec};
 use opbridge_ops::{AttrValue, Meta};
 use opbridge_runtime::{DType, DeviceContext, HostBytes, StreamId, Tensor};
 
@@ -248,24 +248,7 @@ pub fn prepare(model: &ModelVersion, request: InferRequest, max_input_bytes: usi
             metas.push(None);
             continue;
         };
-        let accepted = spec.dtypes(&schema.dtypes);
-        let takes = || accepted.iter().map(|d| Datatype::of(*d).name()).collect::<Vec<_>>().join(", ");
-        let datatype = Datatype::parse(&input.datatype).ok_or_else(|| {
-            ServeError::invalid(format!(
-                "input '{}': unknown datatype '{}'; model '{name}' takes {}",
-                input.name,
-                truncate(&input.datatype, 16),
-                takes()
-            ))
-        })?;
-        let dtype = datatype.dtype().filter(|d| accepted.contains(d)).ok_or_else(|| {
-            ServeError::invalid(format!(
-                "input '{}' of model '{name}': datatype {} is not supported; it takes {}",
-                input.name,
-                datatype.name(),
-                takes()
-            ))
-        })?;
+        let dtype = accepted_dtype(model, spec, &input.name, &input.datatype)?;
         let shape: Vec<usize> =
             input.shape.iter().map(|&d| usize::try_from(d)).collect::<std::result::Result<_, _>>().map_err(|_| {
                 ServeError::invalid(format!("input '{}': negative dimension in shape {:?}", input.name, input.shape))
@@ -322,6 +305,29 @@ pub fn prepare(model: &ModelVersion, request: InferRequest, max_input_bytes: usi
         plan_outputs: plan.outputs,
         decoded_at: Instant::now(),
         input_ns: started.elapsed().as_nanos() as u64,
+    })
+}
+
+/// The opbridge dtype of an input's datatype, if the model's input takes it; else the error
+/// naming what it takes.
+pub fn accepted_dtype(model: &ModelVersion, spec: &InputSpec, input: &str, datatype: &str) -> Result<DType> {
+    let schema = model.entry.schema();
+    let name = &model.model;
+    let accepted = spec.dtypes(&schema.dtypes);
+    let takes = || accepted.iter().map(|d| Datatype::of(*d).name()).collect::<Vec<_>>().join(", ");
+    let parsed = Datatype::parse(datatype).ok_or_else(|| {
+        ServeError::invalid(format!(
+            "input '{input}': unknown datatype '{}'; model '{name}' takes {}",
+            truncate(datatype, 16),
+            takes()
+        ))
+    })?;
+    parsed.dtype().filter(|d| accepted.contains(d)).ok_or_else(|| {
+        ServeError::invalid(format!(
+            "input '{input}' of model '{name}': datatype {} is not supported; it takes {}",
+            parsed.name(),
+            takes()
+        ))
     })
 }
 

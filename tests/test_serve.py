@@ -1,0 +1,473 @@
+"""`opbridge serve` over real sockets on loopback, with tritonclient (HTTP and gRPC) as the client.
+
+One server per module (started with `python -m opbridge serve` on free ports), stopped by its PID.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+import opbridge as ob
+from opbridge.cli import server_binary
+
+tritonclient = pytest.importorskip("tritonclient")
+import tritonclient.grpc as tg  # noqa: E402
+import tritonclient.http as th  # noqa: E402
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+if server_binary() is None:
+    pytest.skip("the server binary is not built (make build)", allow_module_level=True)
+
+
+@dataclass
+class Served:
+    process: subprocess.Popen[str]
+    http: str
+    grpc: str
+    metrics: str
+
+    def url(self, path: str) -> str:
+        return f"http://{self.http}{path}"
+
+
+def start_server(*args: str, timeout: float = 30.0) -> Served:
+    cmd = [sys.executable, "-m", "opbridge", "serve", "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"]
+    process = subprocess.Popen(
+        [*cmd, *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True
+    )
+    assert process.stdout is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([process.stdout], [], [], 0.2)
+        if ready:
+            line = process.stdout.readline()
+            if not line:
+                break
+            event = json.loads(line)
+            assert event["event"] == "ready"
+            return Served(process, event["http"], event["grpc"], event["metrics"])
+        if process.poll() is not None:
+            break
+    stop_server(Served(process, "", "", ""))
+    raise AssertionError("the server did not print its ready line")
+
+
+def stop_server(served: Served) -> int:
+    if served.process.poll() is None:
+        os.kill(served.process.pid, signal.SIGTERM)
+    try:
+        return served.process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.kill(served.process.pid, signal.SIGKILL)
+        served.process.wait()
+        raise
+    finally:
+        if served.process.stdout is not None:
+            served.process.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Served]:
+    served = start_server()
+    try:
+        yield served
+    finally:
+        assert stop_server(served) == 0
+
+
+@pytest.fixture(scope="module")
+def http(server: Served) -> Iterator[th.InferenceServerClient]:
+    client = th.InferenceServerClient(server.http)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def grpc(server: Served) -> Iterator[tg.InferenceServerClient]:
+    client = tg.InferenceServerClient(server.grpc)
+    yield client
+    client.close()
+
+
+def post(url: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, data=body, headers=headers or {}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def get(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def http_inputs(arrays: dict[str, np.ndarray], binary: bool = True) -> list[th.InferInput]:
+    inputs = []
+    for name, array in arrays.items():
+        i = th.InferInput(name, list(array.shape), {np.float32: "FP32", np.float64: "FP64"}.get(array.dtype.type, "FP32"))
+        if array.dtype == np.int32:
+            i = th.InferInput(name, list(array.shape), "INT32")
+        i.set_data_from_numpy(array, binary_data=binary)
+        inputs.append(i)
+    return inputs
+
+
+def grpc_inputs(arrays: dict[str, np.ndarray]) -> list[tg.InferInput]:
+    names = {np.dtype(np.float32): "FP32", np.dtype(np.float64): "FP64", np.dtype(np.int32): "INT32"}
+    inputs = []
+    for name, array in arrays.items():
+        i = tg.InferInput(name, list(array.shape), names[array.dtype])
+        i.set_data_from_numpy(array)
+        inputs.append(i)
+    return inputs
+
+
+RNG = np.random.default_rng(0)
+A = RNG.random((4, 256), dtype=np.float32)
+B = RNG.random((4, 256), dtype=np.float32)
+
+
+# --- the ready line, health and metadata -----------------------------------------------------------
+
+
+def test_ready_line_names_every_listener(server: Served) -> None:
+    for address in (server.http, server.grpc, server.metrics):
+        host, port = address.rsplit(":", 1)
+        assert host == "127.0.0.1" and int(port) > 0
+
+
+def test_health_and_server_metadata(http: th.InferenceServerClient, grpc: tg.InferenceServerClient) -> None:
+    assert http.is_server_live() and http.is_server_ready()
+    assert grpc.is_server_live() and grpc.is_server_ready()
+    meta = http.get_server_metadata()
+    assert meta["name"] == "opbridge"
+    assert "binary_tensor_data" in meta["extensions"] and "model_repository" in meta["extensions"]
+    assert grpc.get_server_metadata().name == "opbridge"
+
+
+def test_model_metadata_names_the_schema(http: th.InferenceServerClient, grpc: tg.InferenceServerClient) -> None:
+    meta = http.get_model_metadata("layer_norm")
+    assert [i["name"] for i in meta["inputs"]] == ["x", "weight", "bias"]
+    assert [o["name"] for o in meta["outputs"]] == ["out"]
+    assert meta["inputs"][0]["datatype"] == "FP32" and meta["inputs"][0]["shape"] == [-1]
+    g = grpc.get_model_metadata("add", model_version="1")
+    assert [i.name for i in g.inputs] == ["a", "b"] and g.versions == ["1"]
+    assert http.is_model_ready("softmax") and http.is_model_ready("softmax", "1")
+    assert grpc.is_model_ready("softmax")
+
+
+def test_model_config_lists_every_accepted_datatype(http: th.InferenceServerClient, grpc: tg.InferenceServerClient) -> None:
+    config = http.get_model_config("add")
+    assert config["name"] == "add" and [i["name"] for i in config["input"]] == ["a", "b"]
+    assert set(config["input"][0]["accepted_data_types"]) >= {"TYPE_FP16", "TYPE_FP32", "TYPE_FP64", "TYPE_INT32"}
+    softmax = http.get_model_config("softmax")
+    assert softmax["parameters"]["attribute.axis"]["string_value"] == "-1"
+    g = grpc.get_model_config("add").config
+    assert g.name == "add" and [i.name for i in g.input] == ["a", "b"]
+
+
+# --- inference: results equal ob.ops --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_http_infer_equals_ob_ops(http: th.InferenceServerClient, binary: bool) -> None:
+    r = http.infer("add", http_inputs({"a": A, "b": B}, binary), outputs=[th.InferRequestedOutput("out", binary_data=binary)])
+    np.testing.assert_array_equal(r.as_numpy("out"), ob.ops.add(A, B))
+    r = http.infer("softmax", http_inputs({"x": A}, binary), parameters={"axis": -1})
+    np.testing.assert_array_equal(r.as_numpy("out"), ob.ops.softmax(A, axis=-1))
+    r = http.infer("softmax", http_inputs({"x": A}, binary), parameters={"axis": 0})
+    np.testing.assert_array_equal(r.as_numpy("out"), ob.ops.softmax(A, axis=0))
+
+
+def test_grpc_infer_equals_ob_ops(grpc: tg.InferenceServerClient) -> None:
+    r = grpc.infer("add", grpc_inputs({"a": A, "b": B}), model_version="1")
+    np.testing.assert_array_equal(r.as_numpy("out"), ob.ops.add(A, B))
+    r = grpc.infer("softmax", grpc_inputs({"x": A}), parameters={"axis": -1})
+    np.testing.assert_array_equal(r.as_numpy("out"), ob.ops.softmax(A, axis=-1))
+    w = RNG.random(256, dtype=np.float32)
+    r = grpc.infer("layer_norm", grpc_inputs({"x": A, "weight": w}))
+    np.testing.assert_array_equal(r.as_numpy("out"), ob.ops.layer_norm(A, w))
+    i = RNG.integers(-100, 100, (3, 5), dtype=np.int32)
+    r = grpc.infer("mul", grpc_inputs({"a": i, "b": i}))
+    np.testing.assert_array_equal(r.as_numpy("out"), ob.ops.mul(i, i))
+
+
+def test_optional_inputs_and_broadcasting(http: th.InferenceServerClient) -> None:
+    x = RNG.random((3, 8), dtype=np.float32)
+    r = http.infer("layer_norm", http_inputs({"x": x}))
+    np.testing.assert_array_equal(r.as_numpy("out"), ob.ops.layer_norm(x))
+    row = RNG.random(8, dtype=np.float32)
+    r = http.infer("add", http_inputs({"a": x, "b": row}))
+    np.testing.assert_array_equal(r.as_numpy("out"), ob.ops.add(x, row))
+
+
+def test_request_id_is_echoed(http: th.InferenceServerClient, grpc: tg.InferenceServerClient) -> None:
+    assert http.infer("neg", http_inputs({"x": A}), request_id="abc-1").get_response()["id"] == "abc-1"
+    assert grpc.infer("neg", grpc_inputs({"x": A}), request_id="abc-2").get_response().id == "abc-2"
+
+
+def test_gzip_request_body(server: Served) -> None:
+    body = json.dumps(
+        {"inputs": [{"name": "x", "shape": [3], "datatype": "FP64", "data": [1.0, -2.0, 3.5]}]}
+    ).encode()
+    status, raw = post(server.url("/v2/models/neg/infer"), gzip.compress(body), {"Content-Encoding": "gzip"})
+    assert status == 200, raw
+    out = json.loads(raw)["outputs"][0]
+    assert out["data"] == [-1.0, 2.0, -3.5] and out["datatype"] == "FP64"
+
+
+def test_raw_binary_request(server: Served) -> None:
+    x = np.arange(6, dtype=np.float32)
+    status, raw = post(server.url("/v2/models/neg/infer"), x.tobytes(), {"Inference-Header-Content-Length": "0"})
+    assert status == 200, raw
+
+
+# --- client mistakes: 4xx with {"error"}, gRPC codes, never 5xx ----------------------------------
+
+
+def error_of(status_and_body: tuple[int, bytes]) -> tuple[int, str]:
+    status, body = status_and_body
+    return status, json.loads(body)["error"]
+
+
+@pytest.mark.parametrize(
+    "body,status,match",
+    [
+        (b"{not json", 400, "parse"),
+        (b"{}", 400, "inputs"),
+        (json.dumps({"inputs": [{"name": "x", "shape": [2], "datatype": "BYTES", "data": ["a", "b"]}]}), 400, "takes"),
+        (json.dumps({"inputs": [{"name": "x", "shape": [2], "datatype": "FP99", "data": [1, 2]}]}), 400, "unknown datatype"),
+        (json.dumps({"inputs": [{"name": "x", "shape": [3], "datatype": "FP32", "data": [1, 2]}]}), 400, "elements"),
+        (json.dumps({"inputs": [{"name": "x", "shape": [-1], "datatype": "FP32", "data": [1]}]}), 400, "negative"),
+        (json.dumps({"inputs": [{"name": "y", "shape": [1], "datatype": "FP32", "data": [1]}]}), 400, "unexpected"),
+        (
+            json.dumps({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}] * 2}),
+            400,
+            "twice",
+        ),
+        (
+            json.dumps(
+                {"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}], "outputs": [{"name": "nope"}]}
+            ),
+            400,
+            "output",
+        ),
+        (
+            json.dumps({"parameters": {"bogus": 1}, "inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}]}),
+            400,
+            "bogus",
+        ),
+        (
+            json.dumps({"inputs": [{"name": "x", "shape": [2**40, 2**40], "datatype": "FP32", "data": [1]}]}),
+            400,
+            "overflows|maximum",
+        ),
+    ],
+)
+def test_bad_requests_are_400_with_an_error_body(server: Served, body: bytes | str, status: int, match: str) -> None:
+    got_status, message = error_of(post(server.url("/v2/models/neg/infer"), body if isinstance(body, bytes) else body.encode()))
+    assert got_status == status
+    assert __import__("re").search(match, message), message
+
+
+def test_binary_byte_size_mismatch_is_400(server: Served) -> None:
+    header = json.dumps(
+        {"inputs": [{"name": "x", "shape": [4], "datatype": "FP32", "parameters": {"binary_data_size": 12}}]}
+    ).encode()
+    status, message = error_of(
+        post(server.url("/v2/models/neg/infer"), header + bytes(12), {"Inference-Header-Content-Length": str(len(header))})
+    )
+    assert status == 400 and "byte size mismatch" in message and "Expected 16, got 12" in message
+
+
+def test_unknown_models_versions_and_paths(server: Served, grpc: tg.InferenceServerClient) -> None:
+    assert error_of(post(server.url("/v2/models/nope/infer"), b"{}"))[0] == 404
+    assert error_of(post(server.url("/v2/models/add/versions/7/infer"), b"{}"))[0] == 404
+    assert error_of(post(server.url("/v2/models/add/versions/x/infer"), b"{}"))[0] == 400
+    for name in ["..", "a..b", "%2e%2e", "%2Fetc%2Fpasswd", "%20"]:
+        status, _ = get(server.url(f"/v2/models/{name}"))
+        assert status in (400, 404), name
+    assert get(server.url("/v2/no/such/path"))[0] == 404
+    status, body = get(server.url("/v2/models/add/infer"))
+    assert status == 405 and "error" in json.loads(body)
+    with pytest.raises(InferenceServerException) as error:
+        grpc.infer("nope", grpc_inputs({"x": A}))
+    assert error.value.status() == "StatusCode.NOT_FOUND"
+    with pytest.raises(InferenceServerException) as error:
+        grpc.infer("neg", [tg.InferInput("x", [3], "FP32")])  # no data
+    assert error.value.status() == "StatusCode.INVALID_ARGUMENT"
+
+
+def raw_grpc_infer(server: Served, request: object) -> object:
+    """A hand-made ModelInferRequest (tritonclient checks shapes itself before sending)."""
+    import grpc as grpcio
+    from tritonclient.grpc import service_pb2_grpc
+
+    with grpcio.insecure_channel(server.grpc) as channel:
+        return service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=30)
+
+
+def test_grpc_raw_size_mismatch_and_mixed_contents_are_invalid_argument(server: Served) -> None:
+    import grpc as grpcio
+    from tritonclient.grpc import service_pb2
+
+    for raw, shape, datatype, match in [
+        (np.ones(4, np.float32).tobytes(), [5], "FP32", "byte size mismatch"),
+        (np.ones(4, np.float32).tobytes(), [4], "UINT32", "not supported; it takes"),
+        (np.ones(4, np.float32).tobytes(), [3], "FP64", "byte size mismatch"),
+        (np.ones(4, np.float32).tobytes(), [2, -2], "FP32", "negative"),
+    ]:
+        request = service_pb2.ModelInferRequest(model_name="neg")
+        tensor = request.inputs.add(name="x", datatype=datatype, shape=shape)
+        del tensor
+        request.raw_input_contents.append(raw)
+        with pytest.raises(grpcio.RpcError) as error:
+            raw_grpc_infer(server, request)
+        assert error.value.code() == grpcio.StatusCode.INVALID_ARGUMENT, error.value.details()
+        assert __import__("re").search(match, error.value.details()), error.value.details()
+    # Typed contents and raw contents for one input: refused.
+    request = service_pb2.ModelInferRequest(model_name="neg")
+    request.inputs.add(name="x", datatype="FP32", shape=[2])
+    request.inputs[0].contents.fp32_contents.extend([1.0, 2.0])
+    request.raw_input_contents.append(np.ones(2, np.float32).tobytes())
+    with pytest.raises(grpcio.RpcError) as error:
+        raw_grpc_infer(server, request)
+    assert error.value.code() == grpcio.StatusCode.INVALID_ARGUMENT
+
+
+# --- statistics and metrics ----------------------------------------------------------------------
+
+
+def test_statistics_and_metrics_after_a_known_mix(server: Served, http: th.InferenceServerClient) -> None:
+    before = http.get_inference_statistics("exp")["model_stats"][0]
+    for _ in range(3):
+        http.infer("exp", http_inputs({"x": A}))
+    post(server.url("/v2/models/exp/infer"), b'{"inputs": []}')  # a failure: missing input
+    after = http.get_inference_statistics("exp")["model_stats"][0]
+    assert after["inference_stats"]["success"]["count"] - before["inference_stats"]["success"]["count"] == 3
+    assert after["inference_stats"]["fail"]["count"] - before["inference_stats"]["fail"]["count"] == 1
+    _, text = get(f"http://{server.metrics}/metrics")
+    metrics = text.decode()
+    assert 'nv_inference_request_success{model="exp",version="1"} 3' in metrics
+    assert 'nv_inference_request_failure{model="exp",reason="REJECTED",version="1"} 1' in metrics
+    assert "nv_inference_queue_duration_us" in metrics and "opbridge_pool_allocated_bytes" in metrics
+    post(server.url("/v2/models/never-heard-of/infer"), b"{}")
+    _, text = get(f"http://{server.metrics}/metrics")
+    assert "never-heard-of" not in text.decode(), "no label from an unvalidated name"
+    assert 'opbridge_requests_rejected_total{code="404",endpoint="infer",protocol="http"}' in text.decode()
+
+
+# --- limits, auth, control --------------------------------------------------------------------------
+
+
+def test_limits_just_under_and_just_over() -> None:
+    served = start_server("--http-max-input-size", "4096", "--grpc-max-message-size", "4096")
+    try:
+        http = th.InferenceServerClient(served.http)
+        ok = np.ones(512, np.float32)  # 2 KiB of data + the JSON header: under 4 KiB
+        np.testing.assert_array_equal(http.infer("neg", http_inputs({"x": ok})).as_numpy("out"), -ok)
+        with pytest.raises(InferenceServerException, match="--http-max-input-size"):
+            http.infer("neg", http_inputs({"x": np.ones(2048, np.float32)}))
+        # JSON expansion: few bytes of JSON claiming a large tensor
+        status, message = error_of(
+            post(served.url("/v2/models/neg/infer"), json.dumps({"inputs": [{"name": "x", "shape": [100000], "datatype": "FP64", "data": [0] * 10}]}).encode())
+        )
+        assert status == 400 and "maximum" in message
+        grpc = tg.InferenceServerClient(served.grpc)
+        with pytest.raises(InferenceServerException) as error:
+            grpc.infer("neg", grpc_inputs({"x": np.ones(2048, np.float32)}))
+        assert error.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+        assert "--grpc-max-message-size" in error.value.message()
+        np.testing.assert_array_equal(grpc.infer("neg", grpc_inputs({"x": ok})).as_numpy("out"), -ok)
+    finally:
+        assert stop_server(served) == 0
+
+
+def test_tokens(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "auth").write_text("s3cret\n")
+    (tmp_path / "control").write_text("root-token")
+    served = start_server(
+        "--auth-token-file", str(tmp_path / "auth"), "--control-token-file", str(tmp_path / "control"),
+        "--model-control-mode", "explicit", "--load-model", "neg",
+    )
+    try:
+        assert get(served.url("/v2/health/ready"))[0] == 200, "health stays open"
+        assert get(served.url("/v2"))[0] == 401
+        assert get(served.url("/v2"), {"Authorization": "Bearer wrong"})[0] == 401
+        status, body = get(served.url("/v2"), {"Authorization": "Bearer s3cret"})
+        assert status == 200
+        http = th.InferenceServerClient(served.http)
+        with pytest.raises(InferenceServerException):
+            http.infer("neg", http_inputs({"x": A}))
+        r = http.infer("neg", http_inputs({"x": A}), headers={"Authorization": "Bearer s3cret"})
+        np.testing.assert_array_equal(r.as_numpy("out"), -A)
+        grpc = tg.InferenceServerClient(served.grpc)
+        with pytest.raises(InferenceServerException) as error:
+            grpc.infer("neg", grpc_inputs({"x": A}))
+        assert error.value.status() == "StatusCode.UNAUTHENTICATED"
+        r = grpc.infer("neg", grpc_inputs({"x": A}), headers={"authorization": "Bearer s3cret"})
+        np.testing.assert_array_equal(r.as_numpy("out"), -A)
+        assert post(served.url("/v2/repository/models/exp/load"), b"", {"Authorization": "Bearer s3cret"})[0] == 401
+        assert post(served.url("/v2/repository/models/exp/load"), b"", {"Authorization": "Bearer root-token"})[0] == 200
+    finally:
+        assert stop_server(served) == 0
+
+
+def test_explicit_mode_load_unload() -> None:
+    served = start_server("--model-control-mode", "explicit", "--load-model", "add")
+    try:
+        http = th.InferenceServerClient(served.http)
+        grpc = tg.InferenceServerClient(served.grpc)
+        assert http.is_model_ready("add") and not http.is_model_ready("exp")
+        index = {m["name"]: m for m in http.get_model_repository_index()}
+        assert index["add"]["state"] == "READY" and index["exp"]["state"] == "UNAVAILABLE"
+        with pytest.raises(InferenceServerException, match="not loaded"):
+            http.infer("exp", http_inputs({"x": A}))
+        http.load_model("exp")
+        np.testing.assert_array_equal(http.infer("exp", http_inputs({"x": A})).as_numpy("out"), ob.ops.exp(A))
+        grpc.unload_model("exp")
+        status, message = error_of(post(served.url("/v2/models/exp/infer"), b"{}"))
+        assert status == 503 and "unloading / not loaded" in message
+        index = {m["name"]: m for m in http.get_model_repository_index()}
+        assert "host RSS" in index["exp"]["reason"]
+        grpc.load_model("exp")
+        assert grpc.is_model_ready("exp")
+        with pytest.raises(InferenceServerException):
+            http.load_model("no_such_op")
+        assert http.is_server_live() and http.is_server_ready()
+    finally:
+        assert stop_server(served) == 0
+
+
+def test_sigterm_lets_requests_in_flight_finish() -> None:
+    served = start_server()
+    try:
+        big = RNG.random((512, 512), dtype=np.float32)
+        http = th.InferenceServerClient(served.http, concurrency=4)
+        pending = [http.async_infer("matmul", http_inputs({"a": big, "b": big})) for _ in range(4)]
+        time.sleep(0.05)
+        os.kill(served.process.pid, signal.SIGTERM)
+        for request in pending:
+            np.testing.assert_allclose(request.get_result().as_numpy("out"), big @ big, rtol=1e-4)
+    finally:
+        assert stop_server(served) == 0
