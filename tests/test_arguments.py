@@ -409,3 +409,32 @@ def test_asarray_converts_odd_layouts_in_one_pass(dtype):
     np.testing.assert_array_equal(got.numpy(), expected)
     swapped = np.arange(24, dtype=">f8").reshape(4, 6)[:, ::-2]
     np.testing.assert_array_equal(ob.asarray(swapped, dtype=dtype).numpy(), swapped.astype(dtype or np.float64))
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.float16])
+def test_kernels_copying_a_huge_broadcast_operand_fail_with_a_typed_error(dtype):
+    # Integer matmul packs b and float16 matmul widens its operands: a broadcast operand's
+    # logical size. Beyond memory: OutOfMemoryError at once, never an aborted process.
+    k = 1 << 40
+    a = np.broadcast_to(np.ones((1, 1), dtype), (1, k))
+    b = np.broadcast_to(np.ones((1, 1), dtype), (k, 1))
+    _fast(lambda: ob.ops.matmul(a, b), ob.OutOfMemoryError)
+
+
+def test_embedding_bag_with_huge_broadcast_indices_fails_with_a_typed_error():
+    weight = np.ones((4, 8), np.float32)
+    indices = np.broadcast_to(np.int64(1), (1 << 40,))
+    _fast(lambda: ob.ops.embedding_bag(weight, indices, np.array([0])), ob.OutOfMemoryError)
+    offsets = np.broadcast_to(np.int64(0), (1 << 40,))
+    _fast(lambda: ob.ops.embedding_bag(np.ones((4, 0), np.float32), np.array([1]), offsets), ob.OutOfMemoryError)
+
+
+@pytest.mark.parametrize("value", [[2**31], [2**40, 5], 2**32 + 7, [-(2**31) - 1]])
+def test_asarray_refuses_python_ints_that_do_not_fit_the_dtype(value):
+    with pytest.raises(ob.ArgumentError, match="int32"):
+        ob.asarray(value, dtype=np.int32)
+
+
+def test_asarray_converts_what_numpy_converts_given_a_dtype():
+    np.testing.assert_array_equal(ob.asarray(np.array([1, 2], dtype=object), dtype=np.float64).numpy(), [1.0, 2.0])
+    np.testing.assert_array_equal(ob.asarray([True, False], dtype=np.int32).numpy(), [1, 0])

@@ -1,5 +1,6 @@
 """Regressions for concurrency and ordering hazards: each test once hung, raced or lost an error."""
 
+import gc
 import textwrap
 import threading
 import time
@@ -133,7 +134,12 @@ def test_a_host_function_cannot_wait_for_its_own_stream():
 
 
 def test_limit_waits_for_blocks_pending_on_other_streams(memory_limit):
-    ob.set_memory_limit(4 * MiB)
+    # Room for one 3 MiB block, not two, beyond what earlier tests left reserved (a live small
+    # tensor keeps its 2 MiB segment of small blocks).
+    gc.collect()
+    ob.synchronize()
+    ob.empty_cache()
+    ob.set_memory_limit(ob.get_memory_pool_stats()["reserved_bytes.current"] + 4 * MiB)
     t = ob.zeros(3 * MiB // 4, dtype=np.float32)
     with ob.Stream():
         ob.ops.neg(t, out=t)  # used on another stream: freeing it leaves a pending block
@@ -371,3 +377,25 @@ np.testing.assert_array_equal(t.numpy(), np.ones(1000))
 """
     extra = int(run_probe(code).strip())
     assert extra <= 8, f"500 dead streams left {extra} threads behind"
+
+
+@pytest.mark.skipif(not __import__("os").path.isdir("/proc/self/task"), reason="needs /proc to count threads")
+def test_a_host_function_capturing_its_stream_releases_it_when_it_has_run():
+    code = f"""
+import gc, weakref
+import opbridge as ob
+{THREAD_COUNT}
+class Payload: pass
+before = threads()
+refs = []
+for _ in range(20):
+    s = ob.Stream()
+    payload = Payload()
+    refs.append(weakref.ref(payload))
+    s.launch_host_func(lambda s=s, payload=payload: None)
+    del s, payload
+# No opbridge call after this point: the callables must be released by the workers themselves.
+print(settle(before + 2) - before, sum(r() is not None for r in refs))
+"""
+    extra, alive = map(int, run_probe(code).split())
+    assert extra <= 2 and alive == 0, (extra, alive)

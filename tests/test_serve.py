@@ -124,7 +124,9 @@ def get(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
 def http_inputs(arrays: dict[str, np.ndarray], binary: bool = True) -> list[th.InferInput]:
     inputs = []
     for name, array in arrays.items():
-        i = th.InferInput(name, list(array.shape), {np.float32: "FP32", np.float64: "FP64"}.get(array.dtype.type, "FP32"))
+        i = th.InferInput(
+            name, list(array.shape), {np.float32: "FP32", np.float64: "FP64"}.get(array.dtype.type, "FP32")
+        )
         if array.dtype == np.int32:
             i = th.InferInput(name, list(array.shape), "INT32")
         i.set_data_from_numpy(array, binary_data=binary)
@@ -176,7 +178,9 @@ def test_model_metadata_names_the_schema(http: th.InferenceServerClient, grpc: t
     assert grpc.is_model_ready("softmax")
 
 
-def test_model_config_lists_every_accepted_datatype(http: th.InferenceServerClient, grpc: tg.InferenceServerClient) -> None:
+def test_model_config_lists_every_accepted_datatype(
+    http: th.InferenceServerClient, grpc: tg.InferenceServerClient
+) -> None:
     config = http.get_model_config("add")
     assert config["name"] == "add" and [i["name"] for i in config["input"]] == ["a", "b"]
     assert set(config["input"][0]["accepted_data_types"]) >= {"TYPE_FP16", "TYPE_FP32", "TYPE_FP64", "TYPE_INT32"}
@@ -191,7 +195,9 @@ def test_model_config_lists_every_accepted_datatype(http: th.InferenceServerClie
 
 @pytest.mark.parametrize("binary", [True, False])
 def test_http_infer_equals_ob_ops(http: th.InferenceServerClient, binary: bool) -> None:
-    r = http.infer("add", http_inputs({"a": A, "b": B}, binary), outputs=[th.InferRequestedOutput("out", binary_data=binary)])
+    r = http.infer(
+        "add", http_inputs({"a": A, "b": B}, binary), outputs=[th.InferRequestedOutput("out", binary_data=binary)]
+    )
     np.testing.assert_array_equal(r.as_numpy("out"), ob.ops.add(A, B))
     r = http.infer("softmax", http_inputs({"x": A}, binary), parameters={"axis": -1})
     np.testing.assert_array_equal(r.as_numpy("out"), ob.ops.softmax(A, axis=-1))
@@ -227,9 +233,7 @@ def test_request_id_is_echoed(http: th.InferenceServerClient, grpc: tg.Inference
 
 
 def test_gzip_request_body(server: Served) -> None:
-    body = json.dumps(
-        {"inputs": [{"name": "x", "shape": [3], "datatype": "FP64", "data": [1.0, -2.0, 3.5]}]}
-    ).encode()
+    body = json.dumps({"inputs": [{"name": "x", "shape": [3], "datatype": "FP64", "data": [1.0, -2.0, 3.5]}]}).encode()
     status, raw = post(server.url("/v2/models/neg/infer"), gzip.compress(body), {"Content-Encoding": "gzip"})
     assert status == 200, raw
     out = json.loads(raw)["outputs"][0]
@@ -256,7 +260,11 @@ def error_of(status_and_body: tuple[int, bytes]) -> tuple[int, str]:
         (b"{not json", 400, "parse"),
         (b"{}", 400, "inputs"),
         (json.dumps({"inputs": [{"name": "x", "shape": [2], "datatype": "BYTES", "data": ["a", "b"]}]}), 400, "takes"),
-        (json.dumps({"inputs": [{"name": "x", "shape": [2], "datatype": "FP99", "data": [1, 2]}]}), 400, "unknown datatype"),
+        (
+            json.dumps({"inputs": [{"name": "x", "shape": [2], "datatype": "FP99", "data": [1, 2]}]}),
+            400,
+            "unknown datatype",
+        ),
         (json.dumps({"inputs": [{"name": "x", "shape": [3], "datatype": "FP32", "data": [1, 2]}]}), 400, "elements"),
         (json.dumps({"inputs": [{"name": "x", "shape": [-1], "datatype": "FP32", "data": [1]}]}), 400, "negative"),
         (json.dumps({"inputs": [{"name": "y", "shape": [1], "datatype": "FP32", "data": [1]}]}), 400, "unexpected"),
@@ -267,13 +275,18 @@ def error_of(status_and_body: tuple[int, bytes]) -> tuple[int, str]:
         ),
         (
             json.dumps(
-                {"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}], "outputs": [{"name": "nope"}]}
+                {
+                    "inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}],
+                    "outputs": [{"name": "nope"}],
+                }
             ),
             400,
             "output",
         ),
         (
-            json.dumps({"parameters": {"bogus": 1}, "inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}]}),
+            json.dumps(
+                {"parameters": {"bogus": 1}, "inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}]}
+            ),
             400,
             "bogus",
         ),
@@ -285,7 +298,9 @@ def error_of(status_and_body: tuple[int, bytes]) -> tuple[int, str]:
     ],
 )
 def test_bad_requests_are_400_with_an_error_body(server: Served, body: bytes | str, status: int, match: str) -> None:
-    got_status, message = error_of(post(server.url("/v2/models/neg/infer"), body if isinstance(body, bytes) else body.encode()))
+    got_status, message = error_of(
+        post(server.url("/v2/models/neg/infer"), body if isinstance(body, bytes) else body.encode())
+    )
     assert got_status == status
     assert __import__("re").search(match, message), message
 
@@ -295,7 +310,11 @@ def test_binary_byte_size_mismatch_is_400(server: Served) -> None:
         {"inputs": [{"name": "x", "shape": [4], "datatype": "FP32", "parameters": {"binary_data_size": 12}}]}
     ).encode()
     status, message = error_of(
-        post(server.url("/v2/models/neg/infer"), header + bytes(12), {"Inference-Header-Content-Length": str(len(header))})
+        post(
+            server.url("/v2/models/neg/infer"),
+            header + bytes(12),
+            {"Inference-Header-Content-Length": str(len(header))},
+        )
     )
     assert status == 400 and "byte size mismatch" in message and "Expected 16, got 12" in message
 
@@ -390,7 +409,12 @@ def test_limits_just_under_and_just_over() -> None:
             http.infer("neg", http_inputs({"x": np.ones(2048, np.float32)}))
         # JSON expansion: few bytes of JSON claiming a large tensor
         status, message = error_of(
-            post(served.url("/v2/models/neg/infer"), json.dumps({"inputs": [{"name": "x", "shape": [100000], "datatype": "FP64", "data": [0] * 10}]}).encode())
+            post(
+                served.url("/v2/models/neg/infer"),
+                json.dumps(
+                    {"inputs": [{"name": "x", "shape": [100000], "datatype": "FP64", "data": [0] * 10}]}
+                ).encode(),
+            )
         )
         assert status == 400 and "maximum" in message
         grpc = tg.InferenceServerClient(served.grpc)
@@ -407,8 +431,14 @@ def test_tokens(tmp_path) -> None:  # type: ignore[no-untyped-def]
     (tmp_path / "auth").write_text("s3cret\n")
     (tmp_path / "control").write_text("root-token")
     served = start_server(
-        "--auth-token-file", str(tmp_path / "auth"), "--control-token-file", str(tmp_path / "control"),
-        "--model-control-mode", "explicit", "--load-model", "neg",
+        "--auth-token-file",
+        str(tmp_path / "auth"),
+        "--control-token-file",
+        str(tmp_path / "control"),
+        "--model-control-mode",
+        "explicit",
+        "--load-model",
+        "neg",
     )
     try:
         assert get(served.url("/v2/health/ready"))[0] == 200, "health stays open"

@@ -149,12 +149,17 @@ impl PyStream {
                     ));
                 }
                 Python::attach(|py| {
-                    func.call0(py).map(drop).map_err(|e| {
+                    let outcome = func.call0(py).map(drop).map_err(|e| {
                         opbridge_runtime::AsyncError::new(
                             opbridge_runtime::ErrorKind::Device,
                             format!("host function raised {e}"),
                         )
-                    })
+                    });
+                    // Released here, attached: dropped later without the GIL, its reference would
+                    // wait for some other opbridge call, keeping what it captured (its own
+                    // stream, and so that stream's worker) alive until then.
+                    drop(func);
+                    outcome
                 })
             }))
             .map_err(to_pyerr)

@@ -335,6 +335,24 @@ pub fn asarray<'py>(
             return Ok(tensor.clone());
         }
     }
+    // With a dtype, objects numpy must convert (lists, scalars, buffers, arrays of a dtype
+    // opbridge has no kernel for) are converted by numpy to it directly, with numpy's checks:
+    // `[2**40]` as int32 is an error, never a wrapped value. Arrays of a supported dtype are
+    // converted below, into the tensor, after its allocation (a huge broadcast view fails first).
+    let converted;
+    let obj = match wanted {
+        Some(dtype) if !is_supported_ndarray(obj) => {
+            let kwargs = PyDict::new(py);
+            kwargs.set_item("dtype", np_ffi::descr(py, dtype))?;
+            converted = crate::convert::numpy(py)?.call_method("asarray", (obj,), Some(&kwargs)).map_err(|e| {
+                let error = argument_error(format!("asarray: obj cannot be converted to {dtype}: {e}"));
+                error.set_cause(py, Some(e));
+                error
+            })?;
+            &converted
+        }
+        _ => obj,
+    };
     let host = HostArray::extract("asarray", "obj", obj, &DType::ALL)?;
     let dtype = wanted.unwrap_or(host.dtype);
     let ctx = DeviceContext::get(target).map_err(to_pyerr)?;
@@ -369,6 +387,11 @@ pub fn asarray<'py>(
     kwargs.set_item("casting", "unsafe")?;
     crate::convert::numpy(py)?.call_method("copyto", (view, &host.array), Some(&kwargs))?;
     Ok(tensor)
+}
+
+/// An ndarray of a dtype opbridge supports (converted into the tensor without numpy's help).
+fn is_supported_ndarray(obj: &Bound<'_, PyAny>) -> bool {
+    np_ffi::as_ndarray(obj).is_some_and(|a| np_ffi::dtype_of_num(np_ffi::layout(a).type_num).is_some())
 }
 
 /// A shape argument: an int or a sequence of ints, each in `0..=isize::MAX` (the layout's own

@@ -13,7 +13,7 @@ use crate::error::{Code, ServeError};
 use crate::infer::{self, InferInput, InferRequest, InputData, Numbers, Param, RequestedOutput};
 use crate::server::Server;
 
-#[allow(clippy::all, missing_debug_implementations, missing_docs)]
+#[allow(clippy::all, missing_debug_implementations, missing_docs, rustdoc::all)]
 pub mod proto {
     tonic::include_proto!("inference");
 }

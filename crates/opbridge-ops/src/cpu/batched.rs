@@ -125,6 +125,22 @@ pub unsafe fn batched_matmul(a: &TensorView, b: &TensorView, out: &TensorView) -
     let size = dtype.size() as isize;
     let at = |base: usize, offset: isize| (base as isize + offset * size) as usize;
 
+    // Integer products pack `b`, float16 ones widen `a`, `b` and the product to float32: a
+    // broadcast operand's whole logical size. Refused with a typed error when that cannot be
+    // allocated (instead of the allocator aborting the process).
+    let scratch = match dtype {
+        DType::I32 | DType::I64 => k.checked_mul(n).map(|e| (e, dtype.size())),
+        DType::F16 => batches
+            .checked_mul(m)
+            .and_then(|bm| bm.checked_mul(k)?.checked_add(k.checked_mul(n)?)?.checked_add(bm.checked_mul(n)?))
+            .map(|e| (e, 4)),
+        DType::F32 | DType::F64 => Some((0, 1)),
+    };
+    match scratch {
+        Some((elements, size)) => super::error::check_scratch(elements, size)?,
+        None => return Err(KernelError::Scratch { bytes: u128::MAX }),
+    }
+
     if k == 0 {
         // An empty sum: zeros.
         crate::with_dtype!(dtype, T => {

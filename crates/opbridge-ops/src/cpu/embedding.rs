@@ -101,7 +101,7 @@ pub unsafe fn embedding_bag(
 
     // Validate everything before touching a weight row.
     // SAFETY: both are valid 1-D integer views (caller's contract, dtypes checked above).
-    let rows = unsafe { read_ints(indices) };
+    let rows = unsafe { read_ints(indices) }?;
     let mut rows_checked = Vec::with_capacity(rows.len());
     for (position, &row) in rows.iter().enumerate() {
         if row < 0 || row as u64 >= num_embeddings as u64 {
@@ -110,7 +110,7 @@ pub unsafe fn embedding_bag(
         rows_checked.push(row as usize);
     }
     // SAFETY: as above.
-    let starts = unsafe { read_ints(offsets) };
+    let starts = unsafe { read_ints(offsets) }?;
     let mut bounds = Vec::with_capacity(bags + 1);
     for (position, &start) in starts.iter().enumerate() {
         if position == 0 && start != 0 {
@@ -157,9 +157,11 @@ pub unsafe fn embedding_bag(
 ///
 /// # Safety
 /// `v` is a valid 1-D view of its (integer) dtype.
-unsafe fn read_ints(v: &TensorView) -> Vec<i64> {
+unsafe fn read_ints(v: &TensorView) -> Result<Vec<i64>, KernelError> {
     let (n, stride) = (v.shape[0], v.strides[0]);
-    match v.dtype {
+    // A broadcast view may be far larger logically than in memory: a typed error, not an abort.
+    super::error::check_scratch(n, 8)?;
+    Ok(match v.dtype {
         DType::I32 => {
             let base = v.data as *const i32;
             // SAFETY: `i < n` is an element of the view (caller's contract).
@@ -171,7 +173,7 @@ unsafe fn read_ints(v: &TensorView) -> Vec<i64> {
             (0..n).map(|i| unsafe { *base.offset(i as isize * stride) }).collect()
         }
         _ => unreachable!("callers check for an integer dtype"),
-    }
+    })
 }
 
 /// A validated call: addresses and strides (elements), row indices, bag bounds.

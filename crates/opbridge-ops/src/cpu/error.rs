@@ -116,6 +116,10 @@ pub enum KernelError {
     /// A view whose shape and strides differ in length.
     #[error("{what} has {dims} dims but {strides} strides")]
     MalformedView { what: &'static str, dims: usize, strides: usize },
+    /// Scratch memory a kernel needs (an operand copied or widened: a broadcast view's whole
+    /// logical size) that cannot be allocated.
+    #[error("out of memory: cannot allocate {bytes} bytes of scratch memory for this call")]
+    Scratch { bytes: u128 },
 }
 
 impl KernelError {
@@ -150,6 +154,7 @@ impl KernelError {
             | EmptyReduction(_)
             | RepeatedOutput { .. }
             | MalformedView { .. } => ErrorKind::Argument,
+            Scratch { .. } => ErrorKind::OutOfMemory,
         }
     }
 }
@@ -157,6 +162,17 @@ impl KernelError {
 /// The batch dimensions of a `matmul` operand of shape `shape` (none for a 1-D operand).
 fn matmul_batch(shape: &[usize]) -> &[usize] {
     &shape[..shape.len().saturating_sub(2)]
+}
+
+/// Checks that `elements` elements of `element_bytes` each can be allocated now (a kernel's
+/// scratch copy), without aborting the process when they cannot: a typed out-of-memory error.
+pub(crate) fn check_scratch(elements: usize, element_bytes: usize) -> Result<(), KernelError> {
+    let bytes = elements as u128 * element_bytes as u128;
+    let fits = usize::try_from(bytes).ok().filter(|&b| b <= isize::MAX as usize);
+    match fits {
+        Some(b) if Vec::<u8>::new().try_reserve_exact(b).is_ok() => Ok(()),
+        _ => Err(KernelError::Scratch { bytes }),
+    }
 }
 
 #[cfg(test)]
