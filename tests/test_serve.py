@@ -29,6 +29,9 @@ import tritonclient.grpc as tg  # noqa: E402
 import tritonclient.http as th  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
+# tritonclient's HTTP client (geventhttpclient) leaves sockets for the garbage collector.
+pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning", "ignore::pytest.PytestUnraisableExceptionWarning")
+
 if server_binary() is None:
     pytest.skip("the server binary is not built (make build)", allow_module_level=True)
 
