@@ -123,6 +123,8 @@ async fn bind(host: &str, port: u16, what: &str) -> Result<TcpListener, String> 
 }
 
 async fn serve(args: ServeArgs, server: Arc<Server>) -> Result<(), String> {
+    // Handlers first: a SIGTERM sent right after the ready line must drain, not kill.
+    let signals = install_signals()?;
     let http = bind(&args.host, args.http_port, "HTTP").await?;
     let grpc = bind(&args.host, args.grpc_port, "gRPC").await?;
     let metrics = bind(&args.host, args.metrics_port, "metrics").await?;
@@ -153,7 +155,7 @@ async fn serve(args: ServeArgs, server: Arc<Server>) -> Result<(), String> {
     }
     tracing::info!(%ready_line, "serving");
 
-    wait_for_signal().await;
+    wait_for_signal(signals).await;
     tracing::info!("shutting down: no new connections; requests in flight finish");
     server.set_ready(false);
     let _ = stop_tx.send(true);
@@ -169,14 +171,28 @@ async fn serve(args: ServeArgs, server: Arc<Server>) -> Result<(), String> {
     Ok(())
 }
 
-async fn wait_for_signal() {
+#[cfg(unix)]
+type Signals = (tokio::signal::unix::Signal, tokio::signal::unix::Signal);
+#[cfg(not(unix))]
+type Signals = ();
+
+#[cfg(unix)]
+fn install_signals() -> Result<Signals, String> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let term = signal(SignalKind::terminate()).map_err(|e| format!("cannot handle SIGTERM: {e}"))?;
+    let int = signal(SignalKind::interrupt()).map_err(|e| format!("cannot handle SIGINT: {e}"))?;
+    Ok((term, int))
+}
+
+#[cfg(not(unix))]
+fn install_signals() -> Result<Signals, String> {
+    Ok(())
+}
+
+async fn wait_for_signal(signals: Signals) {
     #[cfg(unix)]
     {
-        use tokio::signal::unix::{signal, SignalKind};
-        let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
-            let _ = tokio::signal::ctrl_c().await;
-            return;
-        };
+        let (mut term, mut int) = signals;
         tokio::select! {
             _ = term.recv() => {},
             _ = int.recv() => {},
@@ -184,6 +200,7 @@ async fn wait_for_signal() {
     }
     #[cfg(not(unix))]
     {
+        let () = signals;
         let _ = tokio::signal::ctrl_c().await;
     }
 }
