@@ -6,7 +6,7 @@ RUFF   := $(VENV)/bin/ruff
 # The Python that ruff checks and formats: the package, its tests, benchmarks and tools.
 PY_SRC := python tests benchmarks tools
 
-.PHONY: setup build demo test test-rust test-python lint stubtest bench clean
+.PHONY: setup build repository demo test test-rust test-python lint stubtest bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,7 @@ $(SERVE_DEPS): $(PY)
 $(RUFF): $(PY)
 	$(PY) -m pip install -q "ruff>=0.6,<1"
 
-setup: $(PY) build
+setup: $(PY) build repository
 
 # The extension module, and the server binary that `opbridge serve` runs (shipped in the package).
 build: $(PY)
@@ -33,6 +33,12 @@ build: $(PY)
 	cargo build --release -q -p opbridge-serve
 	mkdir -p python/opbridge/_bin
 	cp target/release/opbridge-serve python/opbridge/_bin/opbridge-serve
+
+# The example model repository's plugin libraries (one per version folder).
+REPO_EXAMPLE := examples/repository/scale_add
+repository: $(REPO_EXAMPLE)/1/libscale_add.so $(REPO_EXAMPLE)/2/libscale_add.so
+$(REPO_EXAMPLE)/%/libscale_add.so: examples/plugins/c/scale_add.c python/opbridge/include/opbridge/plugin.h
+	cc -O2 -shared -fPIC -I python/opbridge/include -DSCALE_ADD_VERSION=$* $< -o $@
 
 demo: setup
 	$(PY) benchmarks/demo.py

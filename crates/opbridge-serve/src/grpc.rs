@@ -307,11 +307,12 @@ impl GrpcInferenceService for Service {
         request: Request<RepositoryIndexRequest>,
     ) -> Result<Response<RepositoryIndexResponse>, Status> {
         self.authorized(&request, "repository")?;
-        let ready = request.into_inner().ready;
+        let r = request.into_inner();
         let models = self
             .server
             .models
-            .index(ready)
+            .index(r.ready, Some(&r.repository_name))
+            .map_err(|e| self.reject("repository", e))?
             .into_iter()
             .map(|e| repository_index_response::ModelIndex {
                 name: e.name,
@@ -334,7 +335,8 @@ impl GrpcInferenceService for Service {
                 ServeError::new(Code::Unimplemented, "loading with a config or files in the request is not supported");
             return Err(self.reject("repository", error));
         }
-        self.server.control(&r.model_name, true).await.map_err(|e| self.reject("repository", e))?;
+        self.server.models.check_repository(&r.repository_name).map_err(|e| self.reject("repository", e))?;
+        self.server.control(&r.model_name, true, false).await.map_err(|e| self.reject("repository", e))?;
         Ok(Response::new(RepositoryModelLoadResponse {}))
     }
 
@@ -344,7 +346,23 @@ impl GrpcInferenceService for Service {
     ) -> Result<Response<RepositoryModelUnloadResponse>, Status> {
         self.server.authorize_control_grpc(request.metadata()).map_err(|e| self.reject("repository", e))?;
         let r = request.into_inner();
-        self.server.control(&r.model_name, false).await.map_err(|e| self.reject("repository", e))?;
+        self.server.models.check_repository(&r.repository_name).map_err(|e| self.reject("repository", e))?;
+        let mut dependents = false;
+        for (key, param) in &r.parameters {
+            match (key.as_str(), &param.parameter_choice) {
+                ("unload_dependents", Some(model_repository_parameter::ParameterChoice::BoolParam(b))) => {
+                    dependents = *b
+                }
+                (other, _) => {
+                    let error = ServeError::invalid(format!(
+                        "unknown or mistyped parameter '{}' (unload takes unload_dependents, a boolean)",
+                        crate::models::truncate(other, 64)
+                    ));
+                    return Err(self.reject("repository", error));
+                }
+            }
+        }
+        self.server.control(&r.model_name, false, dependents).await.map_err(|e| self.reject("repository", e))?;
         Ok(Response::new(RepositoryModelUnloadResponse {}))
     }
 

@@ -67,6 +67,7 @@ pub fn router(server: Arc<Server>) -> Router {
         .route("/v2/models/{model}/infer", post(infer_latest))
         .route("/v2/models/{model}/versions/{version}/infer", post(infer_version))
         .route("/v2/repository/index", post(repository_index))
+        .route("/v2/repository/{repository}/index", post(repository_index_of))
         .route("/v2/repository/models/{model}/load", post(repository_load))
         .route("/v2/repository/models/{model}/unload", post(repository_unload))
         .fallback(not_found)
@@ -559,6 +560,19 @@ struct IndexRequest {
 }
 
 async fn repository_index(State(s): State<Arc<Server>>, headers: HeaderMap, body: Bytes) -> Response {
+    index_response(s, None, headers, body)
+}
+
+async fn repository_index_of(
+    State(s): State<Arc<Server>>,
+    Path(repository): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    index_response(s, Some(repository), headers, body)
+}
+
+fn index_response(s: Arc<Server>, repository: Option<String>, headers: HeaderMap, body: Bytes) -> Response {
     let outcome = (|| {
         s.authorize(&headers)?;
         let request: IndexRequest = if body.iter().all(u8::is_ascii_whitespace) {
@@ -569,7 +583,7 @@ async fn repository_index(State(s): State<Arc<Server>>, headers: HeaderMap, body
         };
         let entries: Vec<Value> = s
             .models
-            .index(request.ready)
+            .index(request.ready, repository.as_deref())?
             .into_iter()
             .map(|e| {
                 let mut v = json!({"name": e.name, "state": e.state, "reason": e.reason});
@@ -600,9 +614,14 @@ async fn repository_control(s: Arc<Server>, model: String, headers: HeaderMap, b
             serde_json::from_slice(&body)
                 .map_err(|e| ServeError::invalid(format!("failed to parse the request JSON: {e}")))?
         };
-        for key in request.parameters.iter().flatten().map(|(k, _)| k) {
+        let mut dependents = false;
+        for (key, value) in request.parameters.iter().flatten() {
             match key.as_str() {
-                "unload_dependents" if !load => {}
+                "unload_dependents" if !load => {
+                    dependents = value.as_bool().ok_or_else(|| {
+                        ServeError::invalid(format!("parameter 'unload_dependents' must be a boolean, got {value}"))
+                    })?
+                }
                 "config" => {
                     return Err(ServeError::new(Code::Unimplemented, "loading with a config override is not supported"))
                 }
@@ -620,7 +639,7 @@ async fn repository_control(s: Arc<Server>, model: String, headers: HeaderMap, b
                 }
             }
         }
-        s.control(&model, load).await?;
+        s.control(&model, load, dependents).await?;
         Ok(json_response(json!({})))
     }
     .await;

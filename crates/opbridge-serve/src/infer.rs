@@ -106,7 +106,7 @@ fn is_protocol_param(name: &str) -> bool {
 }
 
 /// The attribute value of a request parameter, typed by the schema's attribute.
-fn attr_value(model: &str, spec: &AttrSpec, param: &Param) -> Result<AttrValue> {
+pub(crate) fn attr_value(model: &str, spec: &AttrSpec, param: &Param) -> Result<AttrValue> {
     let bad = |what: &str| {
         ServeError::invalid(format!("model '{model}': parameter '{}' must be {what}, got {param:?}", spec.name))
     };

@@ -16,6 +16,7 @@ pub mod http;
 pub mod infer;
 pub mod metrics;
 pub mod models;
+pub mod repository;
 pub mod server;
 
 use std::ffi::OsString;
@@ -31,6 +32,7 @@ use tokio::net::TcpListener;
 
 use crate::cli::{LogFormat, ServeArgs};
 use crate::models::{ExecOptions, Models};
+use crate::repository::Repository;
 use crate::server::{ControlMode, Limits, Server, Token};
 
 /// Parses `args` (the program name first) and runs the server until SIGTERM / SIGINT.
@@ -81,19 +83,24 @@ fn read_token(path: &Option<std::path::PathBuf>, flag: &str) -> Result<Option<To
 pub fn run(args: ServeArgs) -> Result<(), String> {
     let auth = read_token(&args.auth_token_file, "--auth-token-file")?;
     let control_token = read_token(&args.control_token_file, "--control-token-file")?;
-    if !args.repositories.is_empty() {
-        return Err("--repository: model repositories are not supported yet by this build".into());
+    let repositories =
+        args.repositories.iter().map(|path| Repository::open(path)).collect::<Result<Vec<_>, String>>()?;
+    if args.model_control_mode != ControlMode::Explicit && !args.load_models.is_empty() {
+        return Err("--load-model needs --model-control-mode explicit (the other modes load every model)".into());
     }
-    let registry = opbridge_ops::Registry::new();
-    if !args.no_builtins {
-        opbridge_ops::register_builtins(&registry).map_err(|e| e.to_string())?;
-    }
-    let models =
-        Arc::new(Models::new(registry, ExecOptions { workers: args.workers_per_model, queue: args.max_queue_size }));
+    // Built-ins are always registered: alias models may name them even with --no-builtins.
+    let builtins = opbridge_ops::Registry::new();
+    opbridge_ops::register_builtins(&builtins).map_err(|e| e.to_string())?;
+    let models = Arc::new(Models::new(
+        builtins,
+        !args.no_builtins,
+        repositories,
+        ExecOptions { workers: args.workers_per_model, queue: args.max_queue_size },
+    ));
     match args.model_control_mode {
-        ControlMode::None | ControlMode::Poll => models.discover(true).map_err(|e| e.to_string())?,
+        ControlMode::None | ControlMode::Poll => models.discover(true),
         ControlMode::Explicit => {
-            models.discover(false).map_err(|e| e.to_string())?;
+            models.discover(false);
             for name in &args.load_models {
                 models.load(name).map_err(|e| format!("--load-model {name}: {e}"))?;
             }
@@ -146,6 +153,13 @@ async fn serve(args: ServeArgs, server: Arc<Server>) -> Result<(), String> {
         axum::serve(metrics, http::metrics_router(Arc::clone(&server))).with_graceful_shutdown(stopped()).into_future(),
     );
     let grpc_task = tokio::spawn(grpc::serve(grpc, Arc::clone(&server), stopped()));
+    if args.model_control_mode == ControlMode::Poll {
+        tokio::spawn(poll_repositories(
+            Arc::clone(&server.models),
+            Duration::from_secs(args.repository_poll_secs.max(1)),
+            stopped(),
+        ));
+    }
 
     server.set_ready(true);
     {
@@ -169,6 +183,24 @@ async fn serve(args: ServeArgs, server: Arc<Server>) -> Result<(), String> {
         tracing::warn!("requests still in flight after {}s: stopping anyway", args.exit_timeout_secs);
     }
     Ok(())
+}
+
+/// Poll mode: rescans the repositories every `every` until the server stops (the scan and
+/// any load run on a blocking thread, one scan at a time).
+async fn poll_repositories(models: Arc<Models>, every: Duration, stopped: impl std::future::Future<Output = ()>) {
+    tokio::pin!(stopped);
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticks.tick().await; // the first tick is immediate: the start already loaded everything
+    loop {
+        tokio::select! {
+            _ = &mut stopped => return,
+            _ = ticks.tick() => {
+                let models = Arc::clone(&models);
+                let _ = tokio::task::spawn_blocking(move || models.poll()).await;
+            }
+        }
+    }
 }
 
 #[cfg(unix)]

@@ -1,18 +1,22 @@
-//! Models: every registered operator is a model of the same name, its versions the operator's
-//! versions. The table says which are loaded; each loaded version has its own executor and
+//! Models: every built-in operator is a model of the same name, its versions the operator's
+//! versions; the repositories add plugin models and alias models (see [`crate::repository`]). The table says which are loaded; each loaded version has its own executor and
 //! statistics. Reloads build the new versions first and swap them in, so a reload never drops
 //! availability; unloads let requests in flight finish.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
+use opbridge_ops::plugin::Library;
 use opbridge_ops::{AttrValue, Entry, Registry};
 use opbridge_runtime::{DeviceContext, DeviceId};
 
 use crate::error::{Result, ServeError};
 use crate::executor::Executor;
+use crate::infer::Param;
+use crate::repository::{AliasConfig, ModelConfig, Repository, VersionPolicy};
 
 /// How loaded versions execute.
 #[derive(Debug, Clone)]
@@ -68,17 +72,84 @@ pub struct ModelVersion {
     /// Attributes the model fixes (an alias model); requests may not set them.
     pub fixed: Vec<(String, AttrValue)>,
     pub device: DeviceId,
+    /// The model's config (defaults for a built-in operator served as itself).
+    pub config: Arc<ModelConfig>,
     pub executor: Executor,
     pub stats: Stats,
     pub load_seconds: f64,
+    /// The plugin library the version's op lives in (shared with aliases of it); closed when
+    /// the last version using it goes.
+    library: Option<Arc<PluginLibrary>>,
+    /// The loaded model an alias serves (unloaded with it when `unload_dependents` is asked).
+    pub alias_of: Option<String>,
+}
+
+impl ModelVersion {
+    /// The largest request this version takes: its config's `max_request_bytes`, within the
+    /// server-wide `limit`.
+    pub fn request_limit(&self, limit: usize) -> usize {
+        self.config.max_request_bytes.map_or(limit, |own| own.min(limit))
+    }
+}
+
+/// A plugin library owned by one model version: unloaded (its operators unregistered, calls
+/// in flight waited for, the file closed) when the version goes.
+#[derive(Debug)]
+struct PluginLibrary(Option<Library>);
+
+impl Drop for PluginLibrary {
+    fn drop(&mut self) {
+        if let Some(library) = self.0.take() {
+            let path = library.path().display().to_string();
+            if let Err(e) = library.unload() {
+                tracing::warn!(library = %path, "unloading the plugin library failed: {e}");
+            }
+        }
+    }
+}
+
+/// What a model version runs: an op, the attributes it fixes, the library it lives in.
+#[derive(Debug)]
+struct ServedOp {
+    entry: Arc<Entry>,
+    fixed: Vec<(String, AttrValue)>,
+    library: Option<Arc<PluginLibrary>>,
+}
+
+/// Where a model name comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    /// A built-in operator served as a model of its name.
+    Builtin,
+    /// A folder of the repository with this index.
+    Repository(usize),
 }
 
 /// A model name the server knows: its loaded versions (none while unloaded) and why.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Model {
     versions: BTreeMap<u32, Arc<ModelVersion>>,
     reason: String,
+    origin: Origin,
+    /// Every version that was ever loaded (requests to these get 503, not 404, while unloaded).
+    known_versions: BTreeSet<u32>,
+    /// The folder as last loaded (poll mode reloads when it changes).
+    fingerprint: Option<Fingerprint>,
 }
+
+impl Model {
+    fn new(origin: Origin) -> Model {
+        Model {
+            versions: BTreeMap::new(),
+            reason: String::new(),
+            origin,
+            known_versions: BTreeSet::new(),
+            fingerprint: None,
+        }
+    }
+}
+
+type Fingerprint = Vec<(PathBuf, u64, Option<std::time::SystemTime>)>;
 
 /// What the repository index reports for one model version.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,9 +163,15 @@ pub struct IndexEntry {
 /// The model table.
 #[derive(Debug)]
 pub struct Models {
-    registry: Arc<Registry>,
+    /// The built-in operators: served as models unless `--no-builtins`, and what alias models
+    /// name in any case.
+    builtins: Arc<Registry>,
+    serve_builtins: bool,
+    repositories: Vec<Repository>,
     table: RwLock<BTreeMap<String, Model>>,
     exec: ExecOptions,
+    /// One lock per model name: loads and unloads of one model run one at a time.
+    control_locks: Mutex<HashMap<String, Arc<Mutex<()>>>>,
 }
 
 /// Refuses names that are empty or could name a path (Triton's model name checks).
@@ -119,13 +196,43 @@ pub fn truncate(text: &str, max: usize) -> String {
     }
 }
 
-impl Models {
-    pub fn new(registry: Arc<Registry>, exec: ExecOptions) -> Models {
-        Models { registry, table: RwLock::default(), exec }
-    }
+/// A TOML attribute value as the request parameter it stands for.
+fn toml_param(value: &toml::Value) -> std::result::Result<Param, String> {
+    Ok(match value {
+        toml::Value::Boolean(b) => Param::Bool(*b),
+        toml::Value::Integer(i) => Param::Int(*i),
+        toml::Value::Float(x) => Param::Float(*x),
+        toml::Value::String(s) => Param::Str(s.clone()),
+        toml::Value::Array(items) => {
+            let ints: Option<Vec<String>> = items.iter().map(|v| v.as_integer().map(|i| i.to_string())).collect();
+            Param::Str(format!(
+                "[{}]",
+                ints.ok_or_else(|| format!("a list attribute holds integers only, got {value}"))?.join(", ")
+            ))
+        }
+        other => return Err(format!("unsupported attribute value {other}")),
+    })
+}
 
-    pub fn registry(&self) -> &Arc<Registry> {
-        &self.registry
+fn load_error(name: &str, error: ServeError) -> ServeError {
+    ServeError::new(error.code, format!("failed to load '{name}': {}", error.message))
+}
+
+impl Models {
+    pub fn new(
+        builtins: Arc<Registry>,
+        serve_builtins: bool,
+        repositories: Vec<Repository>,
+        exec: ExecOptions,
+    ) -> Models {
+        Models {
+            builtins,
+            serve_builtins,
+            repositories,
+            table: RwLock::default(),
+            exec,
+            control_locks: Mutex::default(),
+        }
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Model>> {
@@ -136,17 +243,109 @@ impl Models {
         self.table.write().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Every model the registry has, loaded (control mode `none`), or only known (`explicit`).
-    pub fn discover(&self, load: bool) -> Result<()> {
-        let names: Vec<String> = self.registry.list().into_iter().map(|op| op.name).collect();
-        for name in names {
-            if load {
-                self.load(&name)?;
-            } else {
-                self.write().entry(name).or_default().reason = "not loaded".into();
+    fn control_lock(&self, name: &str) -> Arc<Mutex<()>> {
+        let mut locks = self.control_locks.lock().unwrap_or_else(|p| p.into_inner());
+        Arc::clone(locks.entry(name.to_string()).or_default())
+    }
+
+    /// Every model name the server can serve now: the repositories' folders, then the
+    /// built-ins (a repository model shadows a built-in of the same name).
+    fn available_names(&self) -> BTreeSet<String> {
+        let mut names: BTreeSet<String> = self.repositories.iter().flat_map(Repository::model_names).collect();
+        if self.serve_builtins {
+            names.extend(self.builtins.list().into_iter().map(|op| op.name));
+        }
+        names
+    }
+
+    /// Where `name` is now: the one repository holding a folder of that name, else a built-in.
+    fn locate(&self, name: &str) -> Result<Origin> {
+        let holders: Vec<usize> =
+            (0..self.repositories.len()).filter(|&i| self.repositories[i].root.join(name).is_dir()).collect();
+        match holders.as_slice() {
+            [i] => Ok(Origin::Repository(*i)),
+            [] if self.serve_builtins && self.builtins.get(name, None).is_ok() => Ok(Origin::Builtin),
+            [] => Err(ServeError::not_found(format!("no model '{}' in the model repository", truncate(name, 64)))),
+            many => {
+                let paths: Vec<String> =
+                    many.iter().map(|&i| self.repositories[i].given.display().to_string()).collect();
+                Err(ServeError::invalid(format!(
+                    "model '{name}' is in more than one repository ({}): rename one",
+                    paths.join(", ")
+                )))
             }
         }
-        Ok(())
+    }
+
+    /// Enters every model the server can serve in the table: loaded (control modes `none` and
+    /// `poll`; a model that fails to load stays unavailable with the reason in the index), or
+    /// only known (`explicit`).
+    pub fn discover(&self, load: bool) {
+        let mut pending: Vec<String> = self.available_names().into_iter().collect();
+        if !load {
+            for name in pending {
+                if let Ok(origin) = self.locate(&name) {
+                    let mut table = self.write();
+                    table.entry(name).or_insert_with(|| Model::new(origin)).reason = "not loaded".into();
+                }
+            }
+            return;
+        }
+        // Rounds until nothing more loads: an alias loads after the model it serves, whatever
+        // their names' order.
+        loop {
+            let before = pending.len();
+            let mut failed = Vec::new();
+            for name in pending {
+                if let Err(e) = self.load(&name) {
+                    failed.push((name, e));
+                }
+            }
+            if failed.is_empty() || failed.len() == before {
+                for (name, e) in &failed {
+                    tracing::error!(model = %name, "{}", e.message);
+                }
+                return;
+            }
+            pending = failed.into_iter().map(|(name, _)| name).collect();
+        }
+    }
+
+    /// Poll mode: loads new model folders, reloads changed ones, unloads removed ones.
+    pub fn poll(&self) {
+        let present: BTreeSet<String> = self.available_names();
+        for name in &present {
+            let Ok(Origin::Repository(i)) = self.locate(name) else {
+                if !self.read().contains_key(name.as_str()) {
+                    let _ = self.load(name);
+                }
+                continue;
+            };
+            let now = self.repositories[i].fingerprint(name);
+            let changed = self
+                .read()
+                .get(name.as_str())
+                .is_none_or(|m| m.fingerprint != now || m.origin != Origin::Repository(i));
+            if changed {
+                match self.load(name) {
+                    Ok(()) => tracing::info!(model = %name, "poll: loaded the changed model folder"),
+                    Err(e) => tracing::error!(model = %name, "poll: {}", e.message),
+                }
+            }
+        }
+        let gone: Vec<String> = self
+            .read()
+            .iter()
+            .filter(|(name, m)| !present.contains(*name) && !m.versions.is_empty())
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in gone {
+            if self.unload(&name, false).is_ok() {
+                if let Some(model) = self.write().get_mut(&name) {
+                    model.reason = format!("removed from the repository; {}", model.reason);
+                }
+            }
+        }
     }
 
     /// The loaded version `version` of `name` (or its latest loaded version).
@@ -166,7 +365,12 @@ impl Models {
         if let Some(found) = found {
             return Ok(Arc::clone(found));
         }
-        let known_version = version.is_none_or(|v| self.registry.get(name, Some(v)).is_ok());
+        let known_version = match (version, model.origin) {
+            (None, _) => true,
+            (Some(v), _) if model.known_versions.contains(&v) => true,
+            (Some(v), Origin::Builtin) => self.builtins.get(name, Some(v)).is_ok(),
+            (Some(v), Origin::Repository(i)) => self.repositories[i].root.join(name).join(v.to_string()).is_dir(),
+        };
         Err(match (version, known_version) {
             (Some(v), true) => ServeError::unavailable(format!("model '{name}' version {v} is unloading / not loaded")),
             (Some(v), false) => {
@@ -176,60 +380,225 @@ impl Models {
         })
     }
 
-    /// Loads (or reloads) every version of the operator `name`: the new versions are made
-    /// first, then swapped in; the old ones finish their requests in flight.
+    /// Loads (or reloads) the model `name` as its folder (or the built-in op) says now: the new
+    /// versions are made first, then swapped in, so a reload never drops availability and a
+    /// failed one leaves the old versions serving. Blocks (call it off the async runtime).
     pub fn load(&self, name: &str) -> Result<()> {
         check_name(name)?;
+        let lock = self.control_lock(name);
+        let _one_at_a_time = lock.lock().unwrap_or_else(|p| p.into_inner());
+        let origin = self.locate(name).map_err(|e| load_error(name, e))?;
+        let fingerprint = match origin {
+            Origin::Repository(i) => self.repositories[i].fingerprint(name),
+            Origin::Builtin => None,
+        };
+        let built = match origin {
+            Origin::Builtin => self.build_builtin(name),
+            Origin::Repository(i) => self.build_from_folder(&self.repositories[i], name),
+        };
+        let versions = match built {
+            Ok(versions) => versions,
+            Err(error) => {
+                let error = load_error(name, error);
+                let mut table = self.write();
+                let model = table.entry(name.to_string()).or_insert_with(|| Model::new(origin));
+                model.fingerprint = fingerprint;
+                if model.versions.is_empty() {
+                    model.reason = error.message.clone();
+                }
+                return Err(error);
+            }
+        };
+        let old = {
+            let mut table = self.write();
+            let model = table.entry(name.to_string()).or_insert_with(|| Model::new(origin));
+            model.reason.clear();
+            model.origin = origin;
+            model.fingerprint = fingerprint;
+            model.known_versions.extend(versions.keys().copied());
+            std::mem::replace(&mut model.versions, versions)
+        };
+        // Versions the reload left out finish what they have queued, then go (with their
+        // libraries); the others are replaced and go the same way.
+        for version in old.values() {
+            version.executor.drain();
+        }
+        drop(old);
+        tracing::info!(model = name, "loaded");
+        Ok(())
+    }
+
+    fn version(
+        &self,
+        name: &str,
+        version: u32,
+        op: ServedOp,
+        config: &Arc<ModelConfig>,
+        started: Instant,
+    ) -> Result<Arc<ModelVersion>> {
+        let ServedOp { entry, fixed, library } = op;
+        let device = match &config.device {
+            None => DeviceId::CPU,
+            Some(text) => DeviceId::parse(text)
+                .ok_or_else(|| ServeError::invalid(format!("device {text:?} is not a device name (like \"cpu:0\")")))?,
+        };
+        let ctx = DeviceContext::get(device)
+            .map_err(|e| ServeError::invalid(format!("device {device} is not available: {e}")))?;
+        let label = format!("model '{name}' version {version}");
+        let queue = config.max_queue_size.unwrap_or(self.exec.queue);
+        let executor = Executor::start(&label, ctx, self.exec.workers, queue)?;
+        Ok(Arc::new(ModelVersion {
+            model: name.to_string(),
+            version,
+            entry,
+            fixed,
+            device,
+            config: Arc::clone(config),
+            executor,
+            stats: Stats::default(),
+            load_seconds: started.elapsed().as_secs_f64(),
+            alias_of: config.alias.as_ref().map(|a| a.op.clone()).filter(|op| self.read().contains_key(op)),
+            library,
+        }))
+    }
+
+    /// A built-in operator: every version it has.
+    fn build_builtin(&self, name: &str) -> Result<BTreeMap<u32, Arc<ModelVersion>>> {
+        let config = Arc::new(ModelConfig { version_policy: VersionPolicy::All, ..ModelConfig::default() });
         let info = self
-            .registry
+            .builtins
             .list()
             .into_iter()
             .find(|op| op.name == name)
-            .ok_or_else(|| ServeError::not_found(format!("failed to load '{name}': no operator of that name")))?;
-        let ctx = DeviceContext::get(DeviceId::CPU)?;
+            .ok_or_else(|| ServeError::not_found(format!("no operator '{name}'")))?;
         let mut versions = BTreeMap::new();
         for (version, ..) in info.versions {
             let started = Instant::now();
-            let entry = self.registry.get(name, Some(version))?;
-            let label = format!("model '{name}' version {version}");
-            let executor = Executor::start(&label, ctx, self.exec.workers, self.exec.queue)?;
-            versions.insert(
-                version,
-                Arc::new(ModelVersion {
-                    model: name.to_string(),
-                    version,
-                    entry,
-                    fixed: Vec::new(),
-                    device: DeviceId::CPU,
-                    executor,
-                    stats: Stats::default(),
-                    load_seconds: started.elapsed().as_secs_f64(),
-                }),
-            );
+            let entry = self.builtins.get(name, Some(version))?;
+            let op = ServedOp { entry, fixed: Vec::new(), library: None };
+            versions.insert(version, self.version(name, version, op, &config, started)?);
         }
-        let old = {
-            let mut table = self.write();
-            let model = table.entry(name.to_string()).or_default();
-            model.reason.clear();
-            std::mem::replace(&mut model.versions, versions)
+        Ok(versions)
+    }
+
+    /// A repository model folder: an alias, or a plugin model's selected versions.
+    fn build_from_folder(&self, repository: &Repository, name: &str) -> Result<BTreeMap<u32, Arc<ModelVersion>>> {
+        let folder = repository.model(name)?;
+        let config = Arc::new(folder.config.clone());
+        let mut versions = BTreeMap::new();
+        if let Some(alias) = &config.alias {
+            for (v, dir) in &folder.versions {
+                let empty = std::fs::read_dir(dir).map(|mut d| d.next().is_none()).unwrap_or(false);
+                if *v != 1 || !empty {
+                    return Err(ServeError::invalid(format!(
+                        "alias model '{name}' has version folder '{v}/' with content: an alias has version 1 and \
+                         needs no version folder (an empty '1/' is allowed)"
+                    )));
+                }
+            }
+            let started = Instant::now();
+            let op = self.alias_target(name, alias)?;
+            versions.insert(1, self.version(name, 1, op, &config, started)?);
+            return Ok(versions);
+        }
+        let available: Vec<u32> = folder.versions.keys().copied().collect();
+        let selected = config.version_policy.select(&available);
+        if selected.is_empty() {
+            return Err(ServeError::invalid(format!(
+                "no version is available (version folders: [{}], policy {:?})",
+                available.iter().map(u32::to_string).collect::<Vec<_>>().join(", "),
+                config.version_policy
+            )));
+        }
+        for version in selected {
+            let started = Instant::now();
+            let path = repository.library(&folder, version)?;
+            let registry = Registry::new();
+            let library = Library::load_into(Arc::clone(&registry), &path)
+                .map_err(|e| ServeError::invalid(format!("version {version}: {e}")))?;
+            let Ok(entry) = registry.get(name, Some(version)) else {
+                let exported: Vec<String> = library.ops().iter().map(|(n, v)| format!("{n} v{v}")).collect();
+                return Err(ServeError::invalid(format!(
+                    "version {version}: {} exports no operator '{name}' version {version} (it exports {})",
+                    path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default(),
+                    exported.join(", ")
+                )));
+            };
+            let op = ServedOp { entry, fixed: Vec::new(), library: Some(Arc::new(PluginLibrary(Some(library)))) };
+            versions.insert(version, self.version(name, version, op, &config, started)?);
+        }
+        Ok(versions)
+    }
+
+    /// The op an alias serves, and the attributes it fixes (typed by the op's schema). The op
+    /// is a loaded model of that name (a plugin model, or another alias whose fixed
+    /// attributes it inherits), else a built-in operator.
+    fn alias_target(&self, name: &str, alias: &AliasConfig) -> Result<ServedOp> {
+        let loaded = (alias.op != name).then(|| self.resolve(&alias.op, alias.version).ok()).flatten();
+        let (entry, mut fixed, library) = match loaded {
+            Some(target) => (Arc::clone(&target.entry), target.fixed.clone(), target.library.clone()),
+            None => (
+                self.builtins.get(&alias.op, alias.version).map_err(|e| {
+                    ServeError::invalid(format!("alias of '{}': no such loaded model or operator: {e}", alias.op))
+                })?,
+                Vec::new(),
+                None,
+            ),
         };
-        drop(old); // their queues close; workers finish what was queued
-        tracing::info!(model = name, "loaded");
-        Ok(())
+        let schema = entry.schema();
+        for (key, value) in &alias.attributes {
+            if fixed.iter().any(|(k, _)| k == key) {
+                return Err(ServeError::invalid(format!("alias attribute '{key}' is fixed by '{}' already", alias.op)));
+            }
+            let Some(spec) = schema.attrs.iter().find(|a| &a.name == key) else {
+                let known: Vec<&str> = schema.attrs.iter().map(|a| a.name.as_str()).collect();
+                return Err(ServeError::invalid(format!(
+                    "alias attribute '{key}': '{}' has no such attribute (it takes {})",
+                    alias.op,
+                    if known.is_empty() { "none".to_string() } else { known.join(", ") }
+                )));
+            };
+            let param = toml_param(value).map_err(|e| ServeError::invalid(format!("alias attribute '{key}': {e}")))?;
+            fixed.push((key.clone(), crate::infer::attr_value(name, spec, &param)?));
+        }
+        schema.bind_attrs(fixed.iter().map(|(k, v)| (k.as_str(), v.clone())))?;
+        Ok(ServedOp { entry, fixed, library })
     }
 
     /// Unloads every version of `name`: new requests get 503 at once, requests in flight
     /// finish (this waits for them: call it off the async runtime). Reports host RSS and the
     /// CPU pool's bytes before and after, in the log and in the index's reason.
-    pub fn unload(&self, name: &str) -> Result<()> {
+    /// With `dependents`, the alias models serving it are unloaded too (else they keep serving:
+    /// they hold what they need).
+    pub fn unload(&self, name: &str, dependents: bool) -> Result<()> {
         check_name(name)?;
+        if dependents {
+            let aliases: Vec<String> = self
+                .loaded()
+                .iter()
+                .filter(|v| v.alias_of.as_deref() == Some(name) && v.model != name)
+                .map(|v| v.model.clone())
+                .collect();
+            for alias in aliases {
+                self.unload(&alias, true)?;
+            }
+        }
+        let lock = self.control_lock(name);
+        let _one_at_a_time = lock.lock().unwrap_or_else(|p| p.into_inner());
         let before = MemoryReport::now();
         let old = {
             let mut table = self.write();
-            let Some(model) = table.get_mut(name) else {
-                return Err(ServeError::not_found(format!("failed to unload '{name}': no such model")));
-            };
-            std::mem::take(&mut model.versions)
+            match table.get_mut(name) {
+                Some(model) => std::mem::take(&mut model.versions),
+                None => {
+                    // Known to a repository but never loaded: nothing to do.
+                    let origin = self.locate(name).map_err(|_| {
+                        ServeError::not_found(format!("failed to unload '{}': no such model", truncate(name, 64)))
+                    })?;
+                    table.insert(name.to_string(), Model { reason: "not loaded".into(), ..Model::new(origin) });
+                    return Ok(());
+                }
+            }
         };
         for version in old.values() {
             version.executor.drain();
@@ -246,11 +615,30 @@ impl Models {
         Ok(())
     }
 
-    /// Every known model version and its state (the repository index).
-    pub fn index(&self, ready_only: bool) -> Vec<IndexEntry> {
+    /// Refuses a repository name (the API's optional `repository_name`) that is none of ours.
+    pub fn check_repository(&self, wanted: &str) -> Result<()> {
+        self.repository_index(wanted).map(|_| ())
+    }
+
+    fn repository_index(&self, wanted: &str) -> Result<Option<usize>> {
+        if wanted.is_empty() {
+            return Ok(None);
+        }
+        self.repositories
+            .iter()
+            .position(|r| r.name() == wanted || r.given.to_string_lossy() == wanted)
+            .map(Some)
+            .ok_or_else(|| ServeError::not_found(format!("unknown repository '{}'", truncate(wanted, 64))))
+    }
+
+    /// Every known model version and its state (the repository index), optionally of one
+    /// repository (by its folder name or path as given).
+    pub fn index(&self, ready_only: bool, repository: Option<&str>) -> Result<Vec<IndexEntry>> {
+        let only = self.repository_index(repository.unwrap_or(""))?;
+        let in_scope = |origin: Origin| only.is_none_or(|i| origin == Origin::Repository(i));
         let table = self.read();
         let mut out = Vec::new();
-        for (name, model) in table.iter() {
+        for (name, model) in table.iter().filter(|(_, m)| in_scope(m.origin)) {
             if model.versions.is_empty() {
                 if !ready_only {
                     out.push(IndexEntry {
@@ -271,7 +659,19 @@ impl Models {
                 });
             }
         }
-        out
+        if !ready_only {
+            // Folders added since the last scan (explicit mode): known, not loaded.
+            let scanned = self.repositories.iter().enumerate().filter(|(i, _)| in_scope(Origin::Repository(*i)));
+            for (_, repository) in scanned {
+                for name in repository.model_names() {
+                    if !table.contains_key(&name) {
+                        out.push(IndexEntry { name, version: None, state: "UNAVAILABLE", reason: "not loaded".into() });
+                    }
+                }
+            }
+            out.sort_by(|a, b| (&a.name, a.version).cmp(&(&b.name, b.version)));
+        }
+        Ok(out)
     }
 
     /// Every loaded model version.
@@ -293,7 +693,7 @@ impl Models {
     pub fn unload_all(&self) {
         let names: Vec<String> = self.read().keys().cloned().collect();
         for name in names {
-            let _ = self.unload(&name);
+            let _ = self.unload(&name, false);
         }
     }
 }

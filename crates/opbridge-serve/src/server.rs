@@ -226,17 +226,25 @@ impl Server {
     }
 
     /// Loads or unloads a model (explicit and poll modes), off the async runtime.
-    pub async fn control(&self, name: &str, load: bool) -> Result<()> {
-        if self.mode == ControlMode::None {
+    /// `dependents` (unload only): also unload the alias models serving it.
+    pub async fn control(&self, name: &str, load: bool, dependents: bool) -> Result<()> {
+        let refused = match self.mode {
+            ControlMode::None => Some("in model control mode 'none'"),
+            ControlMode::Poll => Some("if polling is enabled (model control mode 'poll')"),
+            ControlMode::Explicit => None,
+        };
+        if let Some(why) = refused {
             return Err(ServeError::new(
                 Code::Unimplemented,
-                "explicit model load / unload is not allowed in model control mode 'none'; start the server with \
-                 --model-control-mode explicit",
+                format!(
+                    "explicit model load / unload is not allowed {why}; start the server with \
+                     --model-control-mode explicit"
+                ),
             ));
         }
         let models = Arc::clone(&self.models);
         let name = name.to_string();
-        tokio::task::spawn_blocking(move || if load { models.load(&name) } else { models.unload(&name) })
+        tokio::task::spawn_blocking(move || if load { models.load(&name) } else { models.unload(&name, dependents) })
             .await
             .map_err(|e| ServeError::internal(format!("the load/unload task failed: {e}")))?
     }

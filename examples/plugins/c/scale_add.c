@@ -9,6 +9,8 @@
  * Build:
  *   cc -O3 -shared -fPIC -I "$(python -c 'import opbridge; print(opbridge.get_include())')" \
  *      scale_add.c -o libscale_add.so
+ * With -DSCALE_ADD_VERSION=N the library exports version N only: what a model repository's
+ * version folder holds (examples/repository/scale_add/N/, built by `make repository`).
  * Use:
  *   lib = opbridge.load_library("./libscale_add.so")
  *   opbridge.ops.scale_add(a, b, alpha=2.0, beta=0.5)          # latest version (2)
@@ -144,7 +146,13 @@ OPB_EXPORT int opbridge_plugin_init(const OpbPluginHost *host, OpbPluginInfo *in
   info->abi_version = OPBRIDGE_PLUGIN_ABI_VERSION;
   if (host->abi_version != OPBRIDGE_PLUGIN_ABI_VERSION) return OPB_ERR_ABI_MISMATCH;
   info->name = "scale_add_c";
+#ifdef SCALE_ADD_VERSION
+  _Static_assert(SCALE_ADD_VERSION >= 1 && SCALE_ADD_VERSION <= 2, "scale_add has versions 1 and 2");
+  info->n_ops = 1;
+  info->ops = &ops[SCALE_ADD_VERSION - 1];
+#else
   info->n_ops = (int32_t)(sizeof(ops) / sizeof(ops[0]));
   info->ops = ops;
+#endif
   return OPB_OK;
 }

@@ -1,0 +1,403 @@
+//! Model repositories: folders holding one folder per model, each with a `config.toml` and
+//! numbered version folders.
+//!
+//! - A *plugin model*'s version folder `N/` holds exactly one operator library (`lib*.so`, built
+//!   against `plugin.h`) that exports an op of the model's name with version `N`.
+//! - An *alias model* (`[alias]` in its config) is a registered op with fixed attributes; it has
+//!   version 1 and needs no version folder (an empty `1/` is allowed).
+//!
+//! Nothing here may leave the repository: model and version folders, config files and
+//! libraries are resolved (symlinks followed) and refused when they land outside its root.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use crate::error::{Result, ServeError};
+use crate::models::check_name;
+
+/// The config file of a model folder.
+pub const CONFIG_FILE: &str = "config.toml";
+
+/// Which version folders a plugin model loads (Triton's `version_policy`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VersionPolicy {
+    All,
+    /// The `n` highest version numbers.
+    Latest(usize),
+    Specific(Vec<u32>),
+}
+
+impl VersionPolicy {
+    /// The versions of `available` (sorted ascending) this policy selects.
+    pub fn select(&self, available: &[u32]) -> Vec<u32> {
+        match self {
+            VersionPolicy::All => available.to_vec(),
+            VersionPolicy::Latest(n) => available[available.len().saturating_sub(*n)..].to_vec(),
+            VersionPolicy::Specific(wanted) => available.iter().copied().filter(|v| wanted.contains(v)).collect(),
+        }
+    }
+
+    /// As Triton's model configuration writes it.
+    pub fn to_json(&self) -> serde_json::Value {
+        match self {
+            VersionPolicy::All => serde_json::json!({"all": {}}),
+            VersionPolicy::Latest(n) => serde_json::json!({"latest": {"num_versions": n}}),
+            VersionPolicy::Specific(v) => serde_json::json!({"specific": {"versions": v}}),
+        }
+    }
+}
+
+/// An alias model: a registered op with attributes the model fixes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AliasConfig {
+    pub op: String,
+    pub version: Option<u32>,
+    /// In file order; typed against the op's schema when the model loads.
+    pub attributes: Vec<(String, toml::Value)>,
+}
+
+/// A model folder's `config.toml`. Every key is optional; unknown keys are an error.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    pub version_policy: VersionPolicy,
+    pub device: Option<String>,
+    pub max_queue_size: Option<usize>,
+    pub max_request_bytes: Option<usize>,
+    pub alias: Option<AliasConfig>,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        ModelConfig {
+            version_policy: VersionPolicy::Latest(1),
+            device: None,
+            max_queue_size: None,
+            max_request_bytes: None,
+            alias: None,
+        }
+    }
+}
+
+const TOP_KEYS: &[&str] = &["version_policy", "device", "max_queue_size", "max_request_bytes", "alias"];
+const ALIAS_KEYS: &[&str] = &["op", "version", "attributes"];
+
+fn unknown_key(key: &str, table: &str, known: &[&str]) -> String {
+    format!("unknown key '{key}' in {table} (known keys: {})", known.join(", "))
+}
+
+fn positive(value: &toml::Value, key: &str) -> std::result::Result<u64, String> {
+    match value.as_integer() {
+        Some(n) if n > 0 => Ok(n as u64),
+        _ => Err(format!("'{key}' must be a positive integer, got {value}")),
+    }
+}
+
+fn version_number(value: &toml::Value, key: &str) -> std::result::Result<u32, String> {
+    u32::try_from(positive(value, key)?).map_err(|_| format!("'{key}' is out of range: {value}"))
+}
+
+impl ModelConfig {
+    /// Parses the text of a `config.toml`; the error names the offending key.
+    pub fn parse(text: &str) -> std::result::Result<ModelConfig, String> {
+        let table: toml::Table = text.parse().map_err(|e: toml::de::Error| e.message().to_string())?;
+        let mut config = ModelConfig::default();
+        for (key, value) in &table {
+            match key.as_str() {
+                "version_policy" => config.version_policy = parse_policy(value)?,
+                "device" => {
+                    config.device =
+                        Some(value.as_str().ok_or_else(|| format!("'device' must be a string, got {value}"))?.into())
+                }
+                "max_queue_size" => config.max_queue_size = Some(positive(value, key)? as usize),
+                "max_request_bytes" => config.max_request_bytes = Some(positive(value, key)? as usize),
+                "alias" => config.alias = Some(parse_alias(value)?),
+                other => return Err(unknown_key(other, "the config", TOP_KEYS)),
+            }
+        }
+        Ok(config)
+    }
+}
+
+fn parse_policy(value: &toml::Value) -> std::result::Result<VersionPolicy, String> {
+    let wrong =
+        || format!("'version_policy' must be \"all\", {{ latest = N }} or {{ specific = [versions] }}, got {value}");
+    match value {
+        toml::Value::String(s) if s == "all" => Ok(VersionPolicy::All),
+        toml::Value::Table(t) if t.len() == 1 => {
+            let (key, inner) = t.iter().next().ok_or_else(wrong)?;
+            match key.as_str() {
+                "latest" => Ok(VersionPolicy::Latest(positive(inner, "version_policy.latest")? as usize)),
+                "specific" => {
+                    let list = inner.as_array().filter(|a| !a.is_empty()).ok_or_else(wrong)?;
+                    let versions = list
+                        .iter()
+                        .map(|v| version_number(v, "version_policy.specific"))
+                        .collect::<std::result::Result<Vec<_>, _>>()?;
+                    Ok(VersionPolicy::Specific(versions))
+                }
+                other => Err(unknown_key(other, "version_policy", &["latest", "specific"])),
+            }
+        }
+        _ => Err(wrong()),
+    }
+}
+
+fn parse_alias(value: &toml::Value) -> std::result::Result<AliasConfig, String> {
+    let table = value.as_table().ok_or_else(|| format!("[alias] must be a table, got {value}"))?;
+    let mut op = None;
+    let mut version = None;
+    let mut attributes = Vec::new();
+    for (key, value) in table {
+        match key.as_str() {
+            "op" => op = Some(value.as_str().ok_or_else(|| format!("'alias.op' must be a string, got {value}"))?),
+            "version" => version = Some(version_number(value, "alias.version")?),
+            "attributes" => {
+                let attrs =
+                    value.as_table().ok_or_else(|| format!("[alias.attributes] must be a table, got {value}"))?;
+                attributes = attrs.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+            }
+            other => return Err(unknown_key(other, "[alias]", ALIAS_KEYS)),
+        }
+    }
+    let op = op.ok_or("[alias] needs 'op', the registered operator it serves")?;
+    check_name(op).map_err(|e| format!("'alias.op': {}", e.message))?;
+    Ok(AliasConfig { op: op.to_string(), version, attributes })
+}
+
+/// One repository folder, resolved once at start.
+#[derive(Debug, Clone)]
+pub struct Repository {
+    /// As given on the command line (what logs and the index show).
+    pub given: PathBuf,
+    /// Canonical (symlinks resolved): every path used must stay under it.
+    pub root: PathBuf,
+}
+
+impl Repository {
+    pub fn open(path: &Path) -> std::result::Result<Repository, String> {
+        let root = fs::canonicalize(path).map_err(|e| format!("--repository {}: {e}", path.display()))?;
+        if !root.is_dir() {
+            return Err(format!("--repository {}: not a folder", path.display()));
+        }
+        Ok(Repository { given: path.to_path_buf(), root })
+    }
+
+    /// The name the repository API uses for this folder (its last path component).
+    pub fn name(&self) -> String {
+        self.root.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+    }
+
+    /// `path` resolved, refused when it lands outside the repository.
+    pub fn contain(&self, path: &Path) -> Result<PathBuf> {
+        let real = fs::canonicalize(path).map_err(|e| ServeError::invalid(format!("{}: {e}", self.shown(path))))?;
+        if !real.starts_with(&self.root) {
+            return Err(ServeError::invalid(format!(
+                "{} resolves outside the model repository {}: refused",
+                self.shown(path),
+                self.given.display()
+            )));
+        }
+        Ok(real)
+    }
+
+    /// `path` as the repository's user wrote it (relative to the repository).
+    fn shown(&self, path: &Path) -> String {
+        match path.strip_prefix(&self.root) {
+            Ok(rel) => format!("{}/{}", self.given.display(), rel.display()),
+            Err(_) => path.display().to_string(),
+        }
+    }
+
+    /// The model folders it holds now (names that could be paths are skipped, with a warning).
+    pub fn model_names(&self) -> Vec<String> {
+        let Ok(entries) = fs::read_dir(&self.root) else { return Vec::new() };
+        let mut names = Vec::new();
+        for entry in entries.flatten() {
+            let Ok(name) = entry.file_name().into_string() else { continue };
+            if name.starts_with('.') || !entry.path().is_dir() {
+                continue;
+            }
+            match check_name(&name) {
+                Ok(()) => names.push(name),
+                Err(e) => tracing::warn!(repository = %self.given.display(), "skipping folder {name:?}: {}", e.message),
+            }
+        }
+        names.sort();
+        names
+    }
+
+    /// The model folder `name`, resolved and contained, with its config parsed.
+    pub fn model(&self, name: &str) -> Result<ModelFolder> {
+        check_name(name)?;
+        let dir = self.contain(&self.root.join(name))?;
+        if dir.parent() != Some(self.root.as_path()) {
+            // A symlinked model folder pointing deeper into the repository would let one
+            // folder serve under two names: refuse.
+            return Err(ServeError::invalid(format!("model folder '{name}' is a link to another folder: refused")));
+        }
+        let config_path = dir.join(CONFIG_FILE);
+        let config = if config_path.exists() {
+            let real = self.contain(&config_path)?;
+            let text = fs::read_to_string(&real)
+                .map_err(|e| ServeError::invalid(format!("{}: {e}", self.shown(&config_path))))?;
+            ModelConfig::parse(&text).map_err(|e| ServeError::invalid(format!("{}: {e}", self.shown(&config_path))))?
+        } else {
+            ModelConfig::default()
+        };
+        let mut versions = BTreeMap::new();
+        for entry in fs::read_dir(&dir).map_err(|e| ServeError::invalid(format!("{}: {e}", self.shown(&dir))))? {
+            let Ok(entry) = entry else { continue };
+            let Some(version) = entry.file_name().to_str().and_then(version_folder) else { continue };
+            let path = self.contain(&entry.path())?;
+            if path.is_dir() {
+                versions.insert(version, path);
+            }
+        }
+        Ok(ModelFolder { name: name.to_string(), dir, config, versions })
+    }
+
+    /// The plugin library of a version folder: exactly one `lib*.so`, inside the repository.
+    pub fn library(&self, folder: &ModelFolder, version: u32) -> Result<PathBuf> {
+        let dir = &folder.versions[&version];
+        let mut found = Vec::new();
+        for entry in fs::read_dir(dir).map_err(|e| ServeError::invalid(format!("{}: {e}", self.shown(dir))))? {
+            let Ok(entry) = entry else { continue };
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with("lib") && name.ends_with(".so") {
+                found.push(entry.path());
+            }
+        }
+        match found.len() {
+            1 => {
+                let path = self.contain(&found[0])?;
+                if !path.is_file() {
+                    return Err(ServeError::invalid(format!("{} is not a file", self.shown(&found[0]))));
+                }
+                Ok(path)
+            }
+            0 => Err(ServeError::invalid(format!(
+                "model '{}' version {version}: no plugin library (lib*.so) in {}",
+                folder.name,
+                self.shown(dir)
+            ))),
+            n => Err(ServeError::invalid(format!(
+                "model '{}' version {version}: {n} plugin libraries in {}; a version folder holds exactly one",
+                folder.name,
+                self.shown(dir)
+            ))),
+        }
+    }
+
+    /// What poll mode compares between two scans of a model folder: every file of the config
+    /// and the version folders (one level down), with size and modification time.
+    pub fn fingerprint(&self, name: &str) -> Option<Vec<(PathBuf, u64, Option<SystemTime>)>> {
+        let dir = self.root.join(name);
+        let mut out = Vec::new();
+        for top in fs::read_dir(&dir).ok()?.flatten().map(|e| e.path()) {
+            if top.is_dir() {
+                out.extend(fs::read_dir(&top).into_iter().flatten().flatten().map(|e| stamp(&dir, &e.path())));
+            }
+            out.push(stamp(&dir, &top));
+        }
+        out.sort();
+        Some(out)
+    }
+}
+
+/// A file's path (relative to `dir`), size and modification time.
+fn stamp(dir: &Path, path: &Path) -> (PathBuf, u64, Option<SystemTime>) {
+    let meta = fs::metadata(path).ok();
+    let (len, modified) = meta.as_ref().map_or((0, None), |m| (m.len(), m.modified().ok()));
+    (path.strip_prefix(dir).unwrap_or(path).to_path_buf(), len, modified)
+}
+
+/// A version folder name: a positive number without leading zeros (others are ignored, as in
+/// Triton).
+fn version_folder(name: &str) -> Option<u32> {
+    if name.starts_with('0') || !name.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    name.parse().ok().filter(|&v| v > 0)
+}
+
+/// A model folder as scanned.
+#[derive(Debug, Clone)]
+pub struct ModelFolder {
+    pub name: String,
+    pub dir: PathBuf,
+    pub config: ModelConfig,
+    /// Version number → its folder (resolved), ascending.
+    pub versions: BTreeMap<u32, PathBuf>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_documented_key() {
+        let config = ModelConfig::parse(
+            r#"
+            version_policy = { specific = [1, 3] }
+            device = "cpu:0"
+            max_queue_size = 16
+            max_request_bytes = 1024
+            [alias]
+            op = "softmax"
+            version = 1
+            [alias.attributes]
+            axis = -1
+            "#,
+        )
+        .unwrap();
+        assert_eq!(config.version_policy, VersionPolicy::Specific(vec![1, 3]));
+        assert_eq!(config.device.as_deref(), Some("cpu:0"));
+        assert_eq!((config.max_queue_size, config.max_request_bytes), (Some(16), Some(1024)));
+        let alias = config.alias.unwrap();
+        assert_eq!((alias.op.as_str(), alias.version), ("softmax", Some(1)));
+        assert_eq!(alias.attributes, vec![("axis".to_string(), toml::Value::Integer(-1))]);
+    }
+
+    #[test]
+    fn policies_and_defaults() {
+        assert_eq!(ModelConfig::parse("").unwrap(), ModelConfig::default());
+        assert_eq!(ModelConfig::parse("version_policy = \"all\"").unwrap().version_policy, VersionPolicy::All);
+        let latest = ModelConfig::parse("version_policy = { latest = 2 }").unwrap().version_policy;
+        assert_eq!(latest, VersionPolicy::Latest(2));
+        assert_eq!(latest.select(&[1, 2, 3]), vec![2, 3]);
+        assert_eq!(VersionPolicy::Latest(1).select(&[]), Vec::<u32>::new());
+        assert_eq!(VersionPolicy::Specific(vec![1, 3]).select(&[1, 2]), vec![1]);
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let unknown = ModelConfig::parse("max_queue = 3").unwrap_err();
+        assert!(unknown.contains("unknown key 'max_queue'"), "{unknown}");
+        let nested = ModelConfig::parse("[alias]\nop = \"add\"\nattrs = 1").unwrap_err();
+        assert!(nested.contains("unknown key 'attrs' in [alias]"), "{nested}");
+        for bad in [
+            "version_policy = \"newest\"",
+            "version_policy = { latest = 0 }",
+            "version_policy = { oldest = 1 }",
+            "version_policy = { specific = [] }",
+            "max_queue_size = -1",
+            "device = 3",
+            "[alias]\nversion = 1",
+            "[alias]\nop = \"../x\"",
+            "not toml at all [",
+        ] {
+            assert!(ModelConfig::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn version_folders_are_plain_positive_numbers() {
+        assert_eq!(version_folder("1"), Some(1));
+        assert_eq!(version_folder("12"), Some(12));
+        for bad in ["0", "01", "-1", "1a", "", "+1", "99999999999"] {
+            assert_eq!(version_folder(bad), None, "{bad}");
+        }
+    }
+}
