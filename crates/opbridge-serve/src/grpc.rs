@@ -236,6 +236,15 @@ impl GrpcInferenceService for Service {
         let version = version_arg(&message.model_version).map_err(|e| self.reject("infer", e))?;
         let found = self.server.models.resolve(&message.model_name, version).map_err(|e| self.reject("infer", e))?;
         let outcome = async {
+            let (limit, raise) =
+                crate::http::request_limit(&found, self.server.limits.grpc_max_message_size, "--grpc-max-message-size");
+            let size = prost::Message::encoded_len(&message);
+            if size > limit {
+                return Err(ServeError::new(
+                    Code::TooLarge,
+                    format!("request message of {size} bytes exceeds the maximum allowed size of {limit} bytes. {raise}"),
+                ));
+            }
             let request = to_request(message)?;
             let id = request.id.clone();
             let outputs = infer::infer(Arc::clone(&found), request, self.server.limits.grpc_max_message_size).await?;

@@ -182,14 +182,14 @@ async fn model_stats_v(
 }
 
 /// The request body, bounded, decompressed (bounded again) when it says it is compressed.
-async fn read_body(s: &Server, headers: &HeaderMap, body: Body) -> Result<Bytes> {
-    let limit = s.limits.http_max_input_size;
+/// The request body, decompressed, within `limit` bytes (before and after decompression);
+/// `raise` says how to raise the limit (the server flag, or the model's config key).
+async fn read_body(headers: &HeaderMap, body: Body, limit: usize, raise: &str) -> Result<Bytes> {
     let too_large = |what: &str, size: Option<usize>| {
         ServeError::new(
             Code::TooLarge,
             format!(
-                "{what}{} exceeds the maximum allowed input size of {limit} bytes. Use --http-max-input-size to \
-                 increase the limit.",
+                "{what}{} exceeds the maximum allowed input size of {limit} bytes. {raise}",
                 size.map(|s| format!(" of {s} bytes")).unwrap_or_default()
             ),
         )
@@ -491,7 +491,8 @@ async fn infer_http(s: Arc<Server>, model: String, version: Option<u32>, headers
     let front = async {
         s.authorize(&headers)?;
         let found = s.models.resolve(&model, version)?;
-        let body = read_body(&s, &headers, body).await?;
+        let (limit, raise) = request_limit(&found, s.limits.http_max_input_size, "--http-max-input-size");
+        let body = read_body(&headers, body, limit, &raise).await?;
         Ok::<_, ServeError>((found, body))
     };
     let (found, body) = match front.await {
@@ -508,6 +509,17 @@ async fn infer_http(s: Arc<Server>, model: String, version: Option<u32>, headers
     .await;
     s.finish(&found, outcome.as_ref().map(|_| ()), started);
     outcome.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// The largest request `model` takes and how to raise it: the server's `flag`, or the
+/// model's own `max_request_bytes` when that is lower.
+pub(crate) fn request_limit(model: &ModelVersion, server_limit: usize, flag: &str) -> (usize, String) {
+    let limit = model.request_limit(server_limit);
+    if limit < server_limit {
+        (limit, format!("The limit is max_request_bytes in the config.toml of model '{}'.", model.model))
+    } else {
+        (limit, format!("Use {flag} to increase the limit."))
+    }
 }
 
 /// The response: JSON, or the JSON header followed by binary outputs (sent from the output

@@ -156,7 +156,6 @@ impl Server {
     pub fn model_config(&self, name: &str, version: Option<u32>) -> Result<Value> {
         let found = self.models.resolve(name, version)?;
         let schema = found.entry.schema();
-        let versions: Vec<u32> = self.models.versions_of(name)?.iter().map(|v| v.version).collect();
         let inputs: Vec<Value> = schema
             .inputs
             .iter()
@@ -192,7 +191,7 @@ impl Server {
             "name": found.model,
             "platform": "opbridge",
             "backend": "opbridge",
-            "version_policy": {"specific": {"versions": versions}},
+            "version_policy": found.config.version_policy.to_json(),
             "max_batch_size": 0,
             "input": inputs,
             "output": outputs,
