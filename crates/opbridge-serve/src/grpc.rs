@@ -242,7 +242,9 @@ impl GrpcInferenceService for Service {
             if size > limit {
                 return Err(ServeError::new(
                     Code::TooLarge,
-                    format!("request message of {size} bytes exceeds the maximum allowed size of {limit} bytes. {raise}"),
+                    format!(
+                        "request message of {size} bytes exceeds the maximum allowed size of {limit} bytes. {raise}"
+                    ),
                 ));
             }
             let request = to_request(message)?;
