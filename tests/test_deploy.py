@@ -227,6 +227,11 @@ def test_deployment_probes_scrape_annotations_and_service_agree() -> None:
     requests = container["resources"]["requests"]
     assert requests["cpu"] and requests["memory"]
     assert template["spec"]["securityContext"]["runAsNonRoot"] is True
+    if container["securityContext"].get("readOnlyRootFilesystem"):
+        # Plugin libraries are loaded from a copy in $TMPDIR/opbridge-plugins.
+        (tmp,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/tmp"]
+        volumes = {v["name"]: v for v in template["spec"]["volumes"]}
+        assert "emptyDir" in volumes[tmp["name"]]
     # SIGKILL only after the server's own drain deadline.
     assert template["spec"]["terminationGracePeriodSeconds"] > int(values["--exit-timeout-secs"])
     labels = template["metadata"]["labels"]
