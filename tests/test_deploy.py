@@ -252,6 +252,8 @@ def test_containerfile_builds_the_server_and_runs_it_unprivileged() -> None:
     assert any(name == "COPY" and rest.endswith(" /models") for name, rest in stage)
     (user,) = [rest for name, rest in stage if name == "USER"]
     assert int(user.split(":")[0]) != 0
+    pod = load_yaml("kubernetes/deployment.yaml")["spec"]["template"]["spec"]["securityContext"]
+    assert user == f"{pod['runAsUser']}:{pod['runAsGroup']}", "the Deployment runs as the image's user"
     values = flag_values(exec_form("CMD"))
     (exposed,) = [rest for name, rest in stage if name == "EXPOSE"]
     assert exposed.split() == [values[flag] for flag in PORT_FLAGS]
