@@ -360,6 +360,18 @@ def serving() -> Iterator[tuple]:
     yield start_server, stop_server
 
 
+def why_not_started(argv: list[str]) -> str:
+    """The server's stderr for `argv` (start_server discards it): a rejected flag exits at once."""
+    process = subprocess.Popen(
+        [str(server_binary()), *argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        return process.communicate(timeout=5)[1].strip()
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.communicate()[1].strip() + " (it started on a second try)"
+
+
 def get(url: str) -> tuple[int, str]:
     with urllib.request.urlopen(url, timeout=10) as response:
         return response.status, response.read().decode()
@@ -372,7 +384,10 @@ def test_the_server_accepts_the_command_line(deployment: str, repository: Path, 
     ports = dict(zip(PORT_FLAGS, map(str, free_ports(3)), strict=True))
     argv = substitute(args, {**ports, "--repository": str(repository)})
     assert flag_values(argv) == {**flag_values(args), **ports, "--repository": str(repository)}
-    served = start_server(*argv, free_ports=False)
+    try:
+        served = start_server(*argv, free_ports=False)
+    except AssertionError:
+        pytest.fail(f"{deployment}: `opbridge serve {shlex.join(argv)}` did not start: {why_not_started(argv)}")
     try:
         addresses = (served.http, served.grpc, served.metrics)
         listening = {flag: loopback(a) for flag, a in zip(PORT_FLAGS, addresses, strict=True)}
