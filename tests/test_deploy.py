@@ -381,6 +381,7 @@ def get(url: str) -> tuple[int, str]:
 def test_the_server_accepts_the_command_line(deployment: str, repository: Path, serving: tuple) -> None:
     start_server, stop_server = serving
     args, repository_path = command_lines()[deployment]
+    assert flag_values(args)["--repository"] == repository_path
     ports = dict(zip(PORT_FLAGS, map(str, free_ports(3)), strict=True))
     argv = substitute(args, {**ports, "--repository": str(repository)})
     assert flag_values(argv) == {**flag_values(args), **ports, "--repository": str(repository)}
