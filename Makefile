@@ -12,13 +12,14 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "maturin>=1.7,<2" "numpy>=1.24" "pytest>=7" "mypy>=1.8" "psutil>=5" "typing_extensions>=4.12" \
-		"ruff>=0.6,<1" "tritonclient[http,grpc]>=2.40"
+		"ruff>=0.6,<1" "tritonclient[http,grpc]>=2.40" "pyyaml>=6"
 	touch $(SERVE_DEPS)
 
-# A venv made before the server's test clients joined the dev tools gets them here.
-SERVE_DEPS := $(VENV)/.serve-test-deps
+# A venv made before the server's test clients (and pyyaml, for the deployment manifests' test)
+# joined the dev tools gets them here; a new stamp name makes older venvs install them again.
+SERVE_DEPS := $(VENV)/.serve-test-deps-2
 $(SERVE_DEPS): $(PY)
-	$(PY) -m pip install -q "tritonclient[http,grpc]>=2.40"
+	$(PY) -m pip install -q "tritonclient[http,grpc]>=2.40" "pyyaml>=6"
 	touch $(SERVE_DEPS)
 
 # A venv made before ruff joined the dev tools gets it here.

@@ -47,8 +47,11 @@ class Served:
         return f"http://{self.http}{path}"
 
 
-def start_server(*args: str, timeout: float = 30.0) -> Served:
-    cmd = [sys.executable, "-m", "opbridge", "serve", "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"]
+def start_server(*args: str, timeout: float = 30.0, free_ports: bool = True) -> Served:
+    """`opbridge serve` with `args`, after port flags of 0 unless `free_ports` is False (`args` name the ports)."""
+    cmd = [sys.executable, "-m", "opbridge", "serve"]
+    if free_ports:
+        cmd += ["--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"]
     process = subprocess.Popen(
         [*cmd, *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True
     )
