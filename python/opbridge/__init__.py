@@ -45,6 +45,19 @@ from .ops import list_ops
 from .tuning import calibrate
 
 
+def _package_version() -> str:
+    """The installed distribution's version (the native module's when run from a source tree)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("opbridge")
+    except metadata.PackageNotFoundError:
+        return str(_native.build_info()["version"])
+
+
+__version__ = _package_version()
+
+
 def get_include() -> str:
     """The folder of opbridge's C headers, for ``-I``: operator libraries include
     ``<opbridge/plugin.h>`` (as with ``numpy.get_include()``)."""
@@ -52,6 +65,7 @@ def get_include() -> str:
 
 
 from . import jit  # noqa: E402  (uses get_include and the native types above)
+from .doctor import doctor  # noqa: E402
 
 tuning._load_saved()
 
@@ -80,6 +94,7 @@ __all__ = [
     "asarray",
     "calibrate",
     "current_stream",
+    "doctor",
     "empty",
     "empty_cache",
     "from_dlpack",

@@ -1,4 +1,5 @@
-"""The ``opbridge`` command line: ``opbridge serve ...`` (the operator service).
+"""The ``opbridge`` command line: ``opbridge serve ...`` (the operator service) and
+``opbridge doctor`` (see ``opbridge.doctor``).
 
 ``serve`` runs the server binary shipped with the package (``opbridge/_bin/opbridge-serve``,
 built by ``make build``; ``cargo build -p opbridge-serve --release`` builds the same binary for
@@ -17,6 +18,7 @@ USAGE = """usage: opbridge <command> [options]
 
 commands:
   serve    serve the operators over KServe V2 / Triton HTTP and gRPC (opbridge serve --help)
+  doctor   check the installation, CPU, devices, JIT, plugins and a server (opbridge doctor --help)
 """
 
 
@@ -37,6 +39,13 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(USAGE)
         return 0 if args else 2
     command, rest = args[0], args[1:]
+    if command == "doctor":
+        from .doctor import main as doctor_main
+
+        try:
+            return doctor_main(rest)
+        except SystemExit as e:  # argparse: --help (0) or a usage error (2)
+            return e.code if isinstance(e.code, int) else 2
     if command != "serve":
         sys.stderr.write(f"opbridge: unknown command {command!r}\n{USAGE}")
         return 2

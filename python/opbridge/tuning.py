@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import stat
 import struct
 import sys
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from . import _native
 
-__all__ = ["cache_dir", "calibrate", "thresholds", "thresholds_path"]
+__all__ = ["cache_dir", "calibrate", "cpu_identity", "thresholds", "thresholds_path"]
 
 
 def cache_dir() -> Path:
@@ -38,6 +39,25 @@ def cache_dir() -> Path:
 
 def thresholds_path() -> Path:
     return cache_dir() / "thresholds.json"
+
+
+def identity_path() -> Path:
+    """Where ``calibrate`` records the CPU it measured on (``opbridge doctor`` compares it)."""
+    return cache_dir() / "thresholds.cpu.json"
+
+
+def cpu_identity() -> dict[str, object]:
+    """What identifies this CPU for the calibration: model, architecture, logical CPUs."""
+    model = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {"model": model or "unknown", "machine": platform.machine(), "logical_cpus": os.cpu_count() or 1}
 
 
 def thresholds() -> dict[str, int]:
@@ -55,6 +75,9 @@ def calibrate(save: bool = True) -> dict[str, int]:
         with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
             json.dump(measured, f)
         os.replace(f.name, path)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
+            json.dump(cpu_identity(), f)
+        os.replace(f.name, identity_path())
     return measured
 
 

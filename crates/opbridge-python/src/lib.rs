@@ -43,6 +43,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(memory::set_memory_limit, m)?)?;
     m.add_function(wrap_pyfunction!(memory::empty_cache, m)?)?;
     m.add_function(wrap_pyfunction!(memory::reset_peak_memory_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(tuning::build_info, m)?)?;
     m.add_function(wrap_pyfunction!(tuning::calibrate_thresholds, m)?)?;
     m.add_function(wrap_pyfunction!(tuning::get_thresholds, m)?)?;
     m.add_function(wrap_pyfunction!(tuning::set_thresholds, m)?)?;

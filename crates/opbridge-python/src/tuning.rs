@@ -49,3 +49,28 @@ pub fn set_thresholds(values: &Bound<'_, PyDict>) -> PyResult<()> {
     });
     Ok(())
 }
+
+/// How this native module was built and what it found on this CPU (for `opbridge doctor`):
+/// version, profile, target, the plugin ABI it speaks, CPU features, kernel variants, and the
+/// compute pool's thread count.
+#[pyfunction]
+pub fn build_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    use opbridge_ops::cpu::features;
+    let dict = PyDict::new(py);
+    dict.set_item("version", env!("CARGO_PKG_VERSION"))?;
+    dict.set_item("profile", if cfg!(debug_assertions) { "debug" } else { "release" })?;
+    dict.set_item("target", format!("{}-{}", std::env::consts::ARCH, std::env::consts::OS))?;
+    dict.set_item("plugin_abi_version", opbridge_ops::plugin::sys::OPBRIDGE_PLUGIN_ABI_VERSION)?;
+    let cpu = PyDict::new(py);
+    for (name, present) in features::cpu_features() {
+        cpu.set_item(name, present)?;
+    }
+    dict.set_item("cpu_features", cpu)?;
+    let kernels = PyDict::new(py);
+    for (family, variant) in features::kernel_variants() {
+        kernels.set_item(family, variant)?;
+    }
+    dict.set_item("kernel_variants", kernels)?;
+    dict.set_item("compute_threads", features::compute_threads())?;
+    Ok(dict)
+}

@@ -13,6 +13,7 @@ pub mod cast;
 pub mod elementwise;
 pub mod embedding;
 pub mod error;
+pub mod features;
 pub(crate) mod math;
 pub mod matmul;
 pub mod nn;
