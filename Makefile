@@ -6,20 +6,21 @@ RUFF   := $(VENV)/bin/ruff
 # The Python that ruff checks and formats: the package, its tests, benchmarks and tools.
 PY_SRC := python tests benchmarks tools
 
-.PHONY: setup build repository demo test test-rust test-python lint stubtest bench clean
+.PHONY: setup build repository demo test test-rust test-python lint stubtest bench bench-plot clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "maturin>=1.7,<2" "numpy>=1.24" "pytest>=7" "mypy>=1.8" "psutil>=5" "typing_extensions>=4.12" \
-		"ruff>=0.6,<1" "tritonclient[http,grpc]>=2.40" "pyyaml>=6"
+		"ruff>=0.6,<1" "tritonclient[http,grpc]>=2.40" "pyyaml>=6" "matplotlib>=3.7"
 	touch $(SERVE_DEPS)
 
-# A venv made before the server's test clients (and pyyaml, for the deployment manifests' test)
-# joined the dev tools gets them here; a new stamp name makes older venvs install them again.
-SERVE_DEPS := $(VENV)/.serve-test-deps-2
+# A venv made before the server's test clients (pyyaml, for the deployment manifests' test, and
+# matplotlib, for `opbridge bench --plot`) joined the dev tools gets them here; a new stamp name
+# makes older venvs install them again.
+SERVE_DEPS := $(VENV)/.serve-test-deps-3
 $(SERVE_DEPS): $(PY)
-	$(PY) -m pip install -q "tritonclient[http,grpc]>=2.40" "pyyaml>=6"
+	$(PY) -m pip install -q "tritonclient[http,grpc]>=2.40" "pyyaml>=6" "matplotlib>=3.7"
 	touch $(SERVE_DEPS)
 
 # A venv made before ruff joined the dev tools gets it here.
@@ -74,6 +75,10 @@ bench: setup
 	$(PY) benchmarks/bench_plugin.py
 	$(PY) benchmarks/bench_bindings.py
 	cargo bench -p opbridge-runtime --bench pool
+
+# The plot the README shows: `opbridge bench` on this machine (run it on a quiet one).
+bench-plot: setup $(SERVE_DEPS)
+	$(PY) -m opbridge bench --json docs/bench-cpu.json --plot docs/bench-cpu.png
 
 clean:
 	rm -rf $(VENV) target benchmarks/_build

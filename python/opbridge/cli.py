@@ -1,5 +1,5 @@
 """The ``opbridge`` command line: ``opbridge serve ...`` (the operator service) and
-``opbridge doctor`` (see ``opbridge.doctor``).
+``opbridge doctor`` and ``opbridge bench`` (see ``opbridge.doctor``, ``opbridge.bench``).
 
 ``serve`` runs the server binary shipped with the package (``opbridge/_bin/opbridge-serve``,
 built by ``make build``; ``cargo build -p opbridge-serve --release`` builds the same binary for
@@ -18,6 +18,7 @@ USAGE = """usage: opbridge <command> [options]
 
 commands:
   serve    serve the operators over KServe V2 / Triton HTTP and gRPC (opbridge serve --help)
+  bench    opbridge's operators against numpy, with --json and --plot (opbridge bench --help)
   doctor   check the installation, CPU, devices, JIT, plugins and a server (opbridge doctor --help)
 """
 
@@ -39,11 +40,11 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(USAGE)
         return 0 if args else 2
     command, rest = args[0], args[1:]
-    if command == "doctor":
-        from .doctor import main as doctor_main
+    if command in ("doctor", "bench"):
+        from . import bench, doctor
 
         try:
-            return doctor_main(rest)
+            return (doctor if command == "doctor" else bench).main(rest)
         except SystemExit as e:  # argparse: --help (0) or a usage error (2)
             return e.code if isinstance(e.code, int) else 2
     if command != "serve":
