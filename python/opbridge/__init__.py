@@ -64,8 +64,9 @@ def get_include() -> str:
     return _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "include")
 
 
-from . import jit  # noqa: E402  (uses get_include and the native types above)
+from . import jit, profiler  # noqa: E402  (they use get_include and the native types above)
 from .doctor import doctor  # noqa: E402
+from .memory import memory_snapshot, memory_summary  # noqa: E402
 
 tuning._load_saved()
 
@@ -79,6 +80,7 @@ def _drain_at_exit() -> None:
 
 
 _atexit.register(_drain_at_exit)
+profiler._trace_from_env()  # OPBRIDGE_TRACE=trace.json: profile this whole process
 
 __all__ = [
     "ArgumentError",
@@ -104,7 +106,10 @@ __all__ = [
     "list_ops",
     "load_library",
     "ops",
+    "profiler",
     "matmul",
+    "memory_snapshot",
+    "memory_summary",
     "reset_peak_memory_stats",
     "set_memory_limit",
     "synchronize",

@@ -41,10 +41,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if args else 2
     command, rest = args[0], args[1:]
     if command in ("doctor", "bench"):
-        from . import bench, doctor
+        # By module path: `opbridge.doctor` the attribute is the function, not the module.
+        from .bench import main as bench_main
+        from .doctor import main as doctor_main
 
         try:
-            return (doctor if command == "doctor" else bench).main(rest)
+            return (doctor_main if command == "doctor" else bench_main)(rest)
         except SystemExit as e:  # argparse: --help (0) or a usage error (2)
             return e.code if isinstance(e.code, int) else 2
     if command != "serve":

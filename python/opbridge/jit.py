@@ -46,7 +46,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from . import tuning
+from . import _native, tuning
 from ._native import ArgumentError, Library, OpBridgeError
 
 __all__ = ["JitCompileError", "JitLibrary", "compile", "default_cache_dir"]
@@ -367,39 +367,44 @@ def compile(
         raise ArgumentError(f"cache_dir {str(folder)!r} cannot be used as a folder: {e}") from e
     if not folder.is_dir():
         raise ArgumentError(f"cache_dir {str(folder)!r} is not a folder")
-    compiler_path = _compiler(lang, compiler)
-    header = (_include_dir() / "opbridge" / "plugin.h").read_bytes()
-    key = _cache_key(source, lang, compiler_path, _compiler_version(compiler_path), flags, header)
-    target = folder / f"{key}{_SUFFIX}"
-
-    # Only a library whose bytes match its record reaches the dynamic loader: loading a truncated
-    # or overwritten one can crash the process (SIGBUS/SIGSEGV) before any error is possible.
-    cached = _verify(target) is None
-    if not cached:
-        with _locked(target):
-            problem = _verify(target)  # another process may have compiled it meanwhile
-            cached = problem is None
-            if not cached:
-                if problem != "missing":
-                    log.warning("cached %s is damaged (%s); compiling again", target, problem)
-                _remove(target)
-                _remove(_record_path(target))
-                _build(source, name, lang, compiler_path, flags, target)
-    if cached:
-        log.info("cache hit for %s: %s", name, target)
+    # A span in an active profile (opbridge.profiler): the compile, or the cache hit, and the load.
+    _native.profiler_begin("jit", f"jit compile {name}")
     try:
-        lib = JitLibrary(str(target))
-    except OpBridgeError as e:
-        if not cached or "not a loadable shared library" not in str(e):
-            raise
-        # Verified yet not loadable (e.g. a library from another machine's compiler with the
-        # same path and version): compile it again, once.
-        log.warning("cached %s is not loadable (%s); compiling again", target, e)
-        with _locked(target):
-            _remove(target)
-            _build(source, name, lang, compiler_path, flags, target)
-        lib, cached = JitLibrary(str(target)), False
-    lib.name = name
-    lib.key = key
-    lib.cached = cached
-    return lib
+        compiler_path = _compiler(lang, compiler)
+        header = (_include_dir() / "opbridge" / "plugin.h").read_bytes()
+        key = _cache_key(source, lang, compiler_path, _compiler_version(compiler_path), flags, header)
+        target = folder / f"{key}{_SUFFIX}"
+
+        # Only a library whose bytes match its record reaches the dynamic loader: loading a truncated
+        # or overwritten one can crash the process (SIGBUS/SIGSEGV) before any error is possible.
+        cached = _verify(target) is None
+        if not cached:
+            with _locked(target):
+                problem = _verify(target)  # another process may have compiled it meanwhile
+                cached = problem is None
+                if not cached:
+                    if problem != "missing":
+                        log.warning("cached %s is damaged (%s); compiling again", target, problem)
+                    _remove(target)
+                    _remove(_record_path(target))
+                    _build(source, name, lang, compiler_path, flags, target)
+        if cached:
+            log.info("cache hit for %s: %s", name, target)
+        try:
+            lib = JitLibrary(str(target))
+        except OpBridgeError as e:
+            if not cached or "not a loadable shared library" not in str(e):
+                raise
+            # Verified yet not loadable (e.g. a library from another machine's compiler with the
+            # same path and version): compile it again, once.
+            log.warning("cached %s is not loadable (%s); compiling again", target, e)
+            with _locked(target):
+                _remove(target)
+                _build(source, name, lang, compiler_path, flags, target)
+            lib, cached = JitLibrary(str(target)), False
+        lib.name = name
+        lib.key = key
+        lib.cached = cached
+        return lib
+    finally:
+        _native.profiler_end("jit", f"jit compile {name}")

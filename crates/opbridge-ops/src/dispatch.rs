@@ -17,6 +17,7 @@
 
 use std::sync::Arc;
 
+use opbridge_runtime::profiler::{self, Arg};
 use opbridge_runtime::{Allocate, DType, DeviceId, Stream, StreamId, Tensor};
 
 use crate::cpu::cast;
@@ -126,6 +127,54 @@ fn workspace_error(entry: &Entry, bytes: usize, error: opbridge_runtime::Error) 
     }
 }
 
+/// A profiled call's arguments: the operator's version, where it runs, and (when the profile
+/// records shapes) its inputs' shapes and dtypes.
+fn call_args<'a>(
+    entry: &Entry,
+    inputs: impl Iterator<Item = Option<(DType, &'a [usize])>>,
+    device: DeviceId,
+    stream: StreamId,
+) -> Vec<(&'static str, Arg)> {
+    let mut args = vec![
+        ("version", entry.schema().version.into()),
+        ("device", device.to_string().into()),
+        ("stream", if stream == StreamId::HOST { "inline".into() } else { stream.0.into() }),
+    ];
+    if profiler::record_shapes() {
+        let (mut shapes, mut dtypes) = (Vec::new(), Vec::new());
+        for input in inputs {
+            match input {
+                Some((dtype, shape)) => {
+                    shapes.push(format!("{shape:?}"));
+                    dtypes.push(dtype.name());
+                }
+                None => {
+                    shapes.push("None".into());
+                    dtypes.push("None");
+                }
+            }
+        }
+        args.push(("input_shapes", format!("[{}]", shapes.join(", ")).into()));
+        args.push(("input_dtypes", dtypes.join(", ").into()));
+    }
+    args
+}
+
+/// An operator call's span in an active profile (None, at the cost of one atomic load, when no
+/// profile is recording). Front ends that run a kernel without this module (the bindings' fast
+/// lanes) open it themselves, so every call is recorded.
+pub fn call_span<'a>(
+    entry: &Entry,
+    inputs: impl Iterator<Item = Option<(DType, &'a [usize])>>,
+    device: DeviceId,
+    stream: StreamId,
+) -> Option<profiler::Span> {
+    if !profiler::active() {
+        return None;
+    }
+    Some(profiler::Span::begin("op", &entry.schema().name, 0, call_args(entry, inputs, device, stream)))
+}
+
 /// The outputs of a host call, with what the caller knows of them.
 #[derive(Debug, Clone, Copy)]
 pub enum HostOutputs<'a> {
@@ -181,6 +230,13 @@ pub fn run_host(
     if !new {
         check_outputs_disjoint(entry, outputs)?;
     }
+    // The numpy path runs the kernel right here: its host time is its device time.
+    let _span = call_span(
+        entry,
+        inputs.iter().map(|v| v.as_ref().map(|v| (v.dtype, &v.shape[..]))),
+        DeviceId::CPU,
+        StreamId::HOST,
+    );
     let _call = entry.enter_scoped();
     if !entry.op.needs_workspace() {
         return entry.op.run_cpu_in(inputs, outputs, attrs, &mut []);
@@ -229,6 +285,8 @@ pub fn launch(
     let schema = entry.schema();
     let op = || -> Arc<str> { schema.name.as_str().into() };
     let device = stream.device();
+    let _span =
+        call_span(entry, inputs.iter().map(|t| t.as_ref().map(|t| (t.dtype(), t.shape()))), device, stream.id());
     let tensors = inputs.iter().flatten().chain(out.into_iter().flatten());
     if let Some(t) = tensors.clone().find(|t| t.device() != device) {
         return Err(OpError::Device {
@@ -316,11 +374,23 @@ pub fn launch(
     let reads: Vec<&Tensor> = converted.iter().flatten().map(|t| t.as_ref()).collect();
     let writes: Vec<&Tensor> = targets.iter().map(|t| t.as_ref()).collect();
     let tracked = Arc::clone(call.entry());
+    // Profiled: the kernel is a span on the stream's track, linked to this call by a flow.
+    let flow = profiler::enqueue("kernel", &schema.name);
+    let stream_id = stream.id();
     let done = Tensor::launch_event(
         stream,
         &reads,
         &writes,
         Box::new(move || {
+            let _kernel = (flow != 0).then(|| {
+                let name = &call.entry().schema().name;
+                profiler::Span::begin(
+                    "kernel",
+                    name,
+                    flow,
+                    vec![("device", device.to_string().into()), ("stream", stream_id.0.into())],
+                )
+            });
             let scratch: &mut [u8] = match &workspace {
                 None => &mut [],
                 // SAFETY: a live block of at least `bytes` bytes of host-accessible memory (the

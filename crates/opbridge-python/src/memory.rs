@@ -73,3 +73,32 @@ pub fn reset_peak_memory_stats(device: Option<&str>) -> PyResult<()> {
     context(device)?.pool().reset_peak_stats();
     Ok(())
 }
+
+/// The device pool's segments and blocks, as dicts (see ``opbridge.memory_snapshot``).
+#[pyfunction]
+#[pyo3(signature = (device=None))]
+pub fn memory_snapshot<'py>(py: Python<'py>, device: Option<&str>) -> PyResult<Bound<'py, pyo3::types::PyList>> {
+    let ctx = context(device)?;
+    let segments = py.detach(|| ctx.pool().snapshot());
+    let out = pyo3::types::PyList::empty(py);
+    for segment in segments {
+        let blocks = pyo3::types::PyList::empty(py);
+        for block in &segment.blocks {
+            let b = PyDict::new(py);
+            b.set_item("address", block.address)?;
+            b.set_item("size", block.size)?;
+            b.set_item("state", block.state.name())?;
+            b.set_item("stream", block.stream)?;
+            b.set_item("op", block.op.as_deref())?;
+            blocks.append(b)?;
+        }
+        let s = PyDict::new(py);
+        s.set_item("device", ctx.id().to_string())?;
+        s.set_item("address", segment.address)?;
+        s.set_item("total_size", segment.size)?;
+        s.set_item("stream", segment.stream)?;
+        s.set_item("blocks", blocks)?;
+        out.append(s)?;
+    }
+    Ok(out)
+}

@@ -12,7 +12,7 @@ use opbridge_ops::dispatch::{self, HostOutputs};
 use opbridge_ops::registry::{Entry, Lane, Registry, ViewLane};
 use opbridge_ops::schema::AttrSpec;
 use opbridge_ops::{overlap, AttrValue, Attrs, Meta, Overlap, TensorView};
-use opbridge_runtime::{DType, DeviceContext, DeviceId, Tensor};
+use opbridge_runtime::{DType, DeviceContext, DeviceId, StreamId, Tensor};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedStr;
@@ -256,6 +256,7 @@ fn try_lane<'py, A: std::ops::Deref<Target = Bound<'py, PyAny>>>(
     // generic path would; the copies are fresh, so disjoint from any `out`, and live until the
     // kernel returns.
     let mut converted: Few<Bound<'py, PyUntypedArray>> = Few::new();
+    let second_dtype = other.as_ref().map_or(first_dtype, |(d, _)| *d);
     let dtype = match (other, lane.promote) {
         (None, _) => first_dtype,
         (Some((second_dtype, second)), Some(promote)) => {
@@ -305,6 +306,12 @@ fn try_lane<'py, A: std::ops::Deref<Target = Bound<'py, PyAny>>>(
             (layout.data, given.clone())
         }
     };
+    let _span = dispatch::call_span(
+        entry,
+        (0..n).map(|k| Some((if k == 1 { second_dtype } else { first_dtype }, model.shape()))),
+        DeviceId::CPU,
+        StreamId::HOST,
+    );
     let guard = entry.enter_scoped();
     let inputs = &addresses[..n];
     host::run(py, bytes * (n + 1), || (lane.run)(dtype, inputs, out_address, len)).map_err(to_pyerr)?;
@@ -383,6 +390,12 @@ fn try_view_lane<'py, A: std::ops::Deref<Target = Bound<'py, PyAny>>>(
             (target, given.clone())
         }
     };
+    let _span = dispatch::call_span(
+        entry,
+        views.iter().map(|v| Some((v.dtype, v.shape.as_slice()))),
+        DeviceId::CPU,
+        StreamId::HOST,
+    );
     let guard = entry.enter_scoped();
     host::run(py, work, || (lane.run)(&views, &target)).map_err(to_pyerr)?;
     drop(guard);
@@ -477,6 +490,8 @@ fn call_tensor<'py>(
 ) -> PyResult<Bound<'py, PyAny>> {
     let schema = entry.schema();
     let name = schema.name.as_str();
+    // Its outputs and input copies are allocated here, before `launch`: the call's memory.
+    let _allocations = opbridge_runtime::profiler::allocations_by(name);
     let mut args: Few<Option<Arg<'py>>> = Few::new();
     for (spec, input) in schema.inputs.iter().zip(&call.inputs) {
         args.push(match input {

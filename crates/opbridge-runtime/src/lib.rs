@@ -9,6 +9,7 @@ pub mod fork;
 pub mod ids;
 pub mod memory;
 pub mod pipeline;
+pub mod profiler;
 pub mod stream;
 pub mod tensor;
 

@@ -10,6 +10,7 @@ use crate::device::{CopyKind, Device, EventBackend, HostFn, StreamBackend};
 use crate::error::Result;
 use crate::ids::{DeviceId, DevicePtr};
 use crate::memory::MemoryPool;
+use crate::profiler;
 use crate::DeviceContext;
 
 /// Identifies a stream inside its device. `StreamId::HOST` is the synchronous host path (the
@@ -95,12 +96,45 @@ impl Stream {
 
     /// Enqueues a host function, run after all earlier work on this stream.
     pub fn launch_host_func(&self, func: HostFn) -> Result<()> {
-        self.0.backend.launch_host_func(func)
+        let flow = profiler::enqueue("host_func", "host function");
+        if flow == 0 {
+            return self.0.backend.launch_host_func(func);
+        }
+        self.0.backend.launch_host_func(Box::new(move || {
+            let _span = profiler::Span::begin("host_func", "host function", flow, Vec::new());
+            func()
+        }))
     }
 
     /// Enqueues an asynchronous copy.
     pub fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize, kind: CopyKind) -> Result<()> {
-        self.0.backend.copy(dst, src, bytes, kind)
+        if !profiler::active() {
+            return self.0.backend.copy(dst, src, bytes, kind);
+        }
+        // Profiled: the copy is bracketed by two host functions on the stream, which mark where
+        // it ran (stream order puts the copy between them) and measure it there.
+        let name = match kind {
+            CopyKind::HostToDevice => "copy H2D",
+            CopyKind::DeviceToHost => "copy D2H",
+            CopyKind::DeviceToDevice => "copy D2D",
+        };
+        let flow = profiler::enqueue("copy", name);
+        let started = std::sync::Arc::new(std::sync::Mutex::new(None::<std::time::Instant>));
+        let mark = std::sync::Arc::clone(&started);
+        self.0.backend.launch_host_func(Box::new(move || {
+            profiler::record(profiler::Phase::FlowEnd, "copy", name, flow, Vec::new());
+            profiler::record(profiler::Phase::Begin, "copy", name, 0, vec![("bytes", bytes.into())]);
+            *mark.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
+            Ok(())
+        }))?;
+        self.0.backend.copy(dst, src, bytes, kind)?;
+        self.0.backend.launch_host_func(Box::new(move || {
+            let began = *started.lock().unwrap_or_else(|p| p.into_inner());
+            let seconds = began.map_or(0.0, |t| t.elapsed().as_secs_f64());
+            let rate = if seconds > 0.0 { bytes as f64 / seconds / 1e9 } else { 0.0 };
+            profiler::record(profiler::Phase::End, "copy", name, 0, vec![("gb_per_s", rate.into())]);
+            Ok(())
+        }))
     }
 
     /// Records a fresh event at the current end of this stream.
@@ -112,16 +146,19 @@ impl Stream {
 
     /// Later work on this stream waits for `event`.
     pub fn wait_event(&self, event: &Event) -> Result<()> {
+        let _span = profiler::span("sync", "stream wait_event", || vec![("stream", self.id().0.into())]);
         self.0.backend.wait(&event.backend)
     }
 
     /// Blocks until everything enqueued so far is done, leaving asynchronous errors in place.
     pub fn drain(&self) -> Result<()> {
+        let _span = profiler::span("sync", "stream drain", || vec![("stream", self.id().0.into())]);
         self.0.backend.drain()
     }
 
     /// Blocks until everything enqueued so far is done; reports the first asynchronous error.
     pub fn synchronize(&self) -> Result<()> {
+        let _span = profiler::span("sync", "stream synchronize", || vec![("stream", self.id().0.into())]);
         self.0.backend.synchronize()
     }
 

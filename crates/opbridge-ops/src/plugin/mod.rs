@@ -110,6 +110,9 @@ impl Library {
     /// The library holds the registry (`Arc`) until it is unloaded.
     pub fn load_into(registry: Arc<Registry>, path: impl AsRef<Path>) -> Result<Library> {
         let path = std::path::absolute(path.as_ref()).unwrap_or_else(|_| path.as_ref().to_path_buf());
+        let _span = opbridge_runtime::profiler::span("plugin", "plugin load", || {
+            vec![("path", path.display().to_string().into())]
+        });
         if !path.exists() {
             return Err(plugin_error(&path, "no such file"));
         }
@@ -229,6 +232,9 @@ impl Library {
     /// flight, then closes the library. A call through an operator looked up before the unload
     /// fails with [`OpError::Unloaded`]. Blocks: release the GIL around it.
     pub fn unload(self) -> Result<()> {
+        let _span = opbridge_runtime::profiler::span("plugin", "plugin unload", || {
+            vec![("path", self.path.display().to_string().into())]
+        });
         for entry in &self.entries {
             let schema = entry.schema();
             if let Ok(current) = self.registry.get(&schema.name, Some(schema.version)) {

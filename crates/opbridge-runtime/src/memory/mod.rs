@@ -7,7 +7,7 @@ pub(crate) mod pool;
 pub use buffer::{Buffer, SubBuffer};
 pub use host::HostBytes;
 pub(crate) use host::{host_read, host_write, host_zero_fill};
-pub use pool::{ChildPool, MemoryPool, PoolStats};
+pub use pool::{BlockSnapshot, BlockState, ChildPool, MemoryPool, PoolStats, SegmentSnapshot};
 
 use crate::device::DeviceId;
 use crate::error::Result;

@@ -19,6 +19,7 @@ use super::{round_up, ALIGNMENT};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::ids::DevicePtr;
+use crate::profiler;
 use crate::stream::{Event, StreamId, StreamRegistry, StreamUse};
 
 const MIN_BLOCK: usize = 512;
@@ -116,6 +117,50 @@ struct State {
     /// Streams that are gone with all their work done: their blocks are never reused, so their
     /// segments go back to the device as soon as they are entirely free.
     dead: std::collections::HashSet<StreamId>,
+    /// The operator that allocated each live block, recorded while memory is profiled.
+    origins: std::collections::HashMap<usize, Arc<str>>,
+}
+
+/// What a block is doing now (see [`MemoryPool::snapshot`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockState {
+    /// Handed out and in use.
+    Allocated,
+    /// Freed, but waiting for other streams to finish with it.
+    Pending,
+    /// Free, cached for reuse.
+    Cached,
+}
+
+impl BlockState {
+    pub fn name(self) -> &'static str {
+        match self {
+            BlockState::Allocated => "allocated",
+            BlockState::Pending => "pending",
+            BlockState::Cached => "cached",
+        }
+    }
+}
+
+/// One block of a segment, as [`MemoryPool::snapshot`] sees it.
+#[derive(Debug, Clone)]
+pub struct BlockSnapshot {
+    pub address: usize,
+    pub size: usize,
+    pub state: BlockState,
+    /// The stream the block belongs to (0: host use).
+    pub stream: u64,
+    /// The operator that allocated it, when memory was profiled at the time.
+    pub op: Option<Arc<str>>,
+}
+
+/// One segment reserved from the device, and its blocks in address order.
+#[derive(Debug, Clone)]
+pub struct SegmentSnapshot {
+    pub address: usize,
+    pub size: usize,
+    pub stream: u64,
+    pub blocks: Vec<BlockSnapshot>,
 }
 
 /// A caching pool over one device's memory. Shared (`Arc`) by every buffer it hands out.
@@ -184,30 +229,39 @@ impl MemoryPool {
             let over_limit = state.limit.is_some_and(|l| state.stats.allocated_bytes_current + size > l);
             if over_limit && (retried || state.pending.is_empty()) {
                 state.stats.num_ooms += 1;
+                profiler::memory_event("out of memory", || self.event_args(&state, bytes, stream));
                 return Err(self.oom_error(&state, bytes, false));
             }
             let hit = if over_limit { None } else { Self::take_unmerged(&mut state, size, stream) };
             if let Some(addr) = hit {
                 state.stats.num_cache_hits += 1;
-                return Ok(self.hand_out(&mut state, addr, bytes, stream));
+                let buffer = self.hand_out(&mut state, addr, bytes, stream);
+                profiler::memory_event("allocate (cache hit)", || self.event_args(&state, bytes, stream));
+                return Ok(buffer);
             }
             if !over_limit {
                 Self::merge_unmerged(&mut state);
                 if let Some(addr) = Self::take_free(&mut state, size, stream) {
                     state.stats.num_cache_hits += 1;
-                    return Ok(self.hand_out(&mut state, addr, bytes, stream));
+                    let buffer = self.hand_out(&mut state, addr, bytes, stream);
+                    profiler::memory_event("allocate (cache hit)", || self.event_args(&state, bytes, stream));
+                    return Ok(buffer);
                 }
                 if let Some(addr) = self.grow(&mut state, size, stream) {
-                    return Ok(self.hand_out(&mut state, addr, bytes, stream));
+                    let buffer = self.hand_out(&mut state, addr, bytes, stream);
+                    profiler::memory_event("allocate (new segment)", || self.event_args(&state, bytes, stream));
+                    return Ok(buffer);
                 }
             }
             if retried {
                 state.stats.num_ooms += 1;
+                profiler::memory_event("out of memory", || self.event_args(&state, bytes, stream));
                 return Err(self.oom_error(&state, bytes, false));
             }
             // Free the cache and try once more. Synchronize without the lock: host callbacks
             // on the streams may free buffers themselves.
             state.stats.num_alloc_retries += 1;
+            profiler::memory_event("allocate retry (freeing the cache)", || self.event_args(&state, bytes, stream));
             drop(state);
             retried = true;
             let drained = self.streams.drain_all();
@@ -219,6 +273,17 @@ impl MemoryPool {
                 self.release_cached(&mut state);
             }
         }
+    }
+
+    /// A pool event's arguments: the request, and the pool's bytes after it.
+    fn event_args(&self, state: &State, bytes: usize, stream: StreamId) -> Vec<(&'static str, profiler::Arg)> {
+        vec![
+            ("device", self.device_id().to_string().into()),
+            ("bytes", bytes.into()),
+            ("stream", stream.0.into()),
+            ("allocated_bytes", state.stats.allocated_bytes_current.into()),
+            ("reserved_bytes", state.stats.reserved_bytes_current.into()),
+        ]
     }
 
     /// One block carved into 64-byte-aligned sub-buffers of `sizes` (the seed's 4.1.1): one
@@ -242,6 +307,9 @@ impl MemoryPool {
         let info = state.blocks.get_mut(&addr).expect("handed-out block is tracked");
         info.allocated = true;
         let size = info.size;
+        if let Some(op) = profiler::profile_memory().then(profiler::current_op).flatten() {
+            state.origins.insert(addr, op);
+        }
         let stats = &mut state.stats;
         stats.num_allocs += 1;
         stats.allocated_blocks += 1;
@@ -324,6 +392,7 @@ impl MemoryPool {
             }
         }
         let mut state = self.lock();
+        let pending = !events.is_empty();
         if events.is_empty() {
             Self::free_block(&mut state, ptr.0);
             if !state.dead.is_empty() {
@@ -333,6 +402,10 @@ impl MemoryPool {
             state.stats.pending_free_blocks += 1;
             state.pending.push(PendingFree { addr: ptr.0, events });
         }
+        profiler::memory_event(if pending { "free (pending on a stream)" } else { "free" }, || {
+            let size = state.blocks.get(&ptr.0).map_or(0, |b| b.size);
+            self.event_args(&state, size, StreamId::HOST)
+        });
     }
 
     fn process_pending(state: &mut State) {
@@ -352,6 +425,9 @@ impl MemoryPool {
     fn free_block(state: &mut State, addr: usize) {
         let Some(info) = state.blocks.get_mut(&addr).filter(|b| b.allocated) else { return };
         info.allocated = false;
+        if !state.origins.is_empty() {
+            state.origins.remove(&addr);
+        }
         let (size, stream) = (info.size, info.stream);
         state.stats.allocated_blocks -= 1;
         state.stats.allocated_bytes_current -= size;
@@ -456,7 +532,43 @@ impl MemoryPool {
 
     /// Waits for the device and returns all cached (unused) memory to it. Asynchronous errors
     /// stay for the user's next synchronize.
+    /// Every segment and its blocks: size, state (allocated, pending on a stream, cached), stream,
+    /// and the operator that allocated it (when memory was being profiled). Blocks' sizes add up
+    /// to their segment's; allocated and pending blocks add up to `allocated_bytes_current`.
+    pub fn snapshot(&self) -> Vec<SegmentSnapshot> {
+        let mut state = self.lock();
+        Self::process_pending(&mut state);
+        let pending: std::collections::HashSet<usize> = state.pending.iter().map(|p| p.addr).collect();
+        let mut segments: BTreeMap<usize, SegmentSnapshot> = state
+            .segments
+            .iter()
+            .map(|(&address, s)| {
+                (address, SegmentSnapshot { address, size: s.size, stream: s.stream.0, blocks: Vec::new() })
+            })
+            .collect();
+        for (&address, info) in &state.blocks {
+            let block_state = if pending.contains(&address) {
+                BlockState::Pending
+            } else if info.allocated {
+                BlockState::Allocated
+            } else {
+                BlockState::Cached
+            };
+            if let Some(segment) = segments.get_mut(&info.segment) {
+                segment.blocks.push(BlockSnapshot {
+                    address,
+                    size: info.size,
+                    state: block_state,
+                    stream: info.stream.0,
+                    op: state.origins.get(&address).cloned(),
+                });
+            }
+        }
+        segments.into_values().collect()
+    }
+
     pub fn empty_cache(&self) -> Result<()> {
+        let _span = profiler::span("memory", "empty_cache", || vec![("device", self.device_id().to_string().into())]);
         self.streams.drain_all()?;
         let mut state = self.lock();
         Self::process_pending(&mut state);
