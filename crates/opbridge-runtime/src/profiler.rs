@@ -4,7 +4,7 @@
 //! and to aggregate.
 //!
 //! Inactive, every instrumented point costs one relaxed atomic load ([`active`]). Active, an
-//! event is one short lock and a push. Each thread is a track (a stream's worker thread is that
+//! event is a push into the calling thread's own buffer (an uncontended lock). Each thread is a track (a stream's worker thread is that
 //! stream's track); work enqueued on a stream is linked to the call that enqueued it by a flow
 //! (a `FlowStart` on the caller's track, a `FlowEnd` where the work begins).
 
@@ -19,12 +19,22 @@ static SHAPES: AtomicBool = AtomicBool::new(false);
 static MEMORY: AtomicBool = AtomicBool::new(false);
 static NEXT_FLOW: AtomicU64 = AtomicU64::new(1);
 static NEXT_TRACK: AtomicU64 = AtomicU64::new(1);
-static LOG: Mutex<Option<Log>> = Mutex::new(None);
+/// Serializes start and stop; holds whether a profile is recording.
+static CONTROL: Mutex<bool> = Mutex::new(false);
+/// The profile now recording (incremented at each start): a thread's buffer holding events of an
+/// older one is cleared before its next event.
+static SESSION: AtomicU64 = AtomicU64::new(0);
+/// Nanoseconds from `epoch()` to the start of the profile now recording.
+static STARTED_NS: AtomicU64 = AtomicU64::new(0);
+/// Every thread's event buffer. A thread appends to its own, so recording never contends
+/// across threads; `stop` gathers them (buffers outlive their threads until then).
+static BUFFERS: Mutex<Vec<Arc<Mutex<Buffer>>>> = Mutex::new(Vec::new());
 /// Every track that ever recorded: (id, name, OS thread id). Grows with threads, not events.
 static TRACKS: Mutex<Vec<(u64, String, u64)>> = Mutex::new(Vec::new());
 
 thread_local! {
     static TRACK: Cell<u64> = const { Cell::new(0) };
+    static BUFFER: std::cell::OnceCell<Arc<Mutex<Buffer>>> = const { std::cell::OnceCell::new() };
     /// The operator call in progress on this thread (while memory is profiled): the pool
     /// records it as the origin of the blocks it hands out.
     static CURRENT_OP: std::cell::RefCell<Option<Arc<str>>> = const { std::cell::RefCell::new(None) };
@@ -134,14 +144,24 @@ pub struct Recording {
     pub tracks: Vec<(u64, String, u64)>,
 }
 
-#[derive(Debug)]
-struct Log {
-    origin: Instant,
+#[derive(Debug, Default)]
+struct Buffer {
+    session: u64,
     events: Vec<Event>,
 }
 
-fn log() -> MutexGuard<'static, Option<Log>> {
-    LOG.lock().unwrap_or_else(|p| p.into_inner())
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The process's time origin: timestamps are taken against it, then shifted to the profile's.
+fn epoch() -> Instant {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+fn now_ns() -> u64 {
+    epoch().elapsed().as_nanos() as u64
 }
 
 /// The calling thread's track id (assigned, and its name registered, on first use).
@@ -151,7 +171,7 @@ fn this_track() -> u64 {
             let id = NEXT_TRACK.fetch_add(1, Ordering::Relaxed);
             let os_id = os_thread_id();
             let name = std::thread::current().name().map_or_else(|| format!("thread {os_id}"), str::to_string);
-            TRACKS.lock().unwrap_or_else(|p| p.into_inner()).push((id, name, os_id));
+            lock(&TRACKS).push((id, name, os_id));
             t.set(id);
         }
         t.get()
@@ -169,7 +189,7 @@ fn os_thread_id() -> u64 {
 /// Names the calling thread's track (a stream worker names itself after its stream).
 pub fn name_this_track(name: String) {
     let id = this_track();
-    let mut tracks = TRACKS.lock().unwrap_or_else(|p| p.into_inner());
+    let mut tracks = lock(&TRACKS);
     if let Some(entry) = tracks.iter_mut().find(|(t, _, _)| *t == id) {
         entry.1 = name;
     }
@@ -177,11 +197,13 @@ pub fn name_this_track(name: String) {
 
 /// Starts recording. Fails when a profile is already recording (one at a time per process).
 pub fn start(shapes: bool, memory: bool) -> Result<(), String> {
-    let mut log = log();
-    if log.is_some() {
+    let mut recording = lock(&CONTROL);
+    if *recording {
         return Err("a profile is already recording in this process".into());
     }
-    *log = Some(Log { origin: Instant::now(), events: Vec::with_capacity(1024) });
+    *recording = true;
+    SESSION.fetch_add(1, Ordering::AcqRel);
+    STARTED_NS.store(now_ns(), Ordering::Release);
     SHAPES.store(shapes, Ordering::Relaxed);
     MEMORY.store(memory, Ordering::Relaxed);
     ACTIVE.store(true, Ordering::Release);
@@ -192,17 +214,36 @@ pub fn start(shapes: bool, memory: bool) -> Result<(), String> {
 /// are closed at the stop time; flows whose other end was not recorded are dropped, so the
 /// trace is always well formed.
 pub fn stop() -> Option<Recording> {
-    let taken = {
-        let mut log = log();
+    let session = {
+        let mut recording = lock(&CONTROL);
+        if !*recording {
+            return None;
+        }
+        *recording = false;
         ACTIVE.store(false, Ordering::Release);
-        log.take()
-    }?;
-    let end_ns = taken.origin.elapsed().as_nanos() as u64;
+        SESSION.load(Ordering::Acquire)
+    };
+    let started = STARTED_NS.load(Ordering::Acquire);
+    let end_ns = now_ns().saturating_sub(started);
+    let mut gathered = Vec::new();
+    {
+        let mut buffers = lock(&BUFFERS);
+        for buffer in buffers.iter() {
+            let mut buffer = lock(buffer);
+            if buffer.session == session {
+                gathered.append(&mut buffer.events);
+            }
+        }
+        // The buffers of threads that have exited are not needed any more.
+        buffers.retain(|b| Arc::strong_count(b) > 1);
+    }
+    // One timeline: by time (stable, so each track keeps its own order).
+    gathered.sort_by_key(|e| e.ts_ns);
     // Ends without their begin (a span that began before this profile) are dropped; begins left
     // open are closed at the stop time, per track, innermost first.
     let mut open: HashMap<u64, Vec<(&'static str, String)>> = HashMap::new();
-    let mut events = Vec::with_capacity(taken.events.len());
-    for e in taken.events {
+    let mut events = Vec::with_capacity(gathered.len());
+    for e in gathered {
         match e.phase {
             Phase::Begin => open.entry(e.track).or_default().push((e.category, e.name.clone())),
             // An end whose begin this profile did not record.
@@ -234,24 +275,35 @@ pub fn stop() -> Option<Recording> {
         !matches!(e.phase, Phase::FlowStart | Phase::FlowEnd) || (starts.contains(&e.flow) && ends.contains(&e.flow))
     });
     let used: HashSet<u64> = events.iter().map(|e| e.track).collect();
-    let tracks = TRACKS
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .iter()
-        .filter(|(id, _, _)| used.contains(id))
-        .cloned()
-        .collect();
+    let tracks = lock(&TRACKS).iter().filter(|(id, _, _)| used.contains(id)).cloned().collect();
     Some(Recording { events, tracks })
 }
 
 /// Records one event on the calling thread's track (nothing when no profile is recording).
 pub fn record(phase: Phase, category: &'static str, name: &str, flow: u64, args: Vec<(&'static str, Arg)>) {
-    let track = this_track();
-    let mut log = log();
-    if let Some(log) = log.as_mut() {
-        let ts_ns = log.origin.elapsed().as_nanos() as u64;
-        log.events.push(Event { phase, category, name: name.to_string(), ts_ns, track, flow, args });
+    if !active() {
+        return;
     }
+    let track = this_track();
+    let session = SESSION.load(Ordering::Acquire);
+    let ts_ns = now_ns().saturating_sub(STARTED_NS.load(Ordering::Acquire));
+    let event = Event { phase, category, name: name.to_string(), ts_ns, track, flow, args };
+    let _ = BUFFER.try_with(|cell| {
+        let buffer = cell.get_or_init(|| {
+            let buffer = Arc::new(Mutex::new(Buffer::default()));
+            lock(&BUFFERS).push(Arc::clone(&buffer));
+            buffer
+        });
+        let mut buffer = lock(buffer);
+        if buffer.session > session {
+            return; // recorded for a profile that has ended since
+        }
+        if buffer.session < session {
+            buffer.events.clear();
+            buffer.session = session;
+        }
+        buffer.events.push(event);
+    });
 }
 
 /// A fresh flow id, to link a call with the work it enqueued.
