@@ -98,6 +98,10 @@ async fn json_errors(response: Response) -> Response {
     let message = if text.is_empty() { status.canonical_reason().unwrap_or("error").to_string() } else { text };
     parts.headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     parts.headers.remove(CONTENT_LENGTH);
+    if status == StatusCode::PAYLOAD_TOO_LARGE {
+        // axum's body limit left the rest of the body unread: the connection cannot go on.
+        parts.headers.insert(CONNECTION, HeaderValue::from_static("close"));
+    }
     Response::from_parts(parts, Body::from(json!({ "error": message }).to_string()))
 }
 
@@ -313,6 +317,7 @@ fn body_error_text(error: &axum::Error) -> String {
     }
     source.to_string()
 }
+
 #[derive(Debug, Deserialize)]
 struct JsonRequest {
     #[serde(default)]
@@ -364,7 +369,13 @@ fn rewrite_non_finite(text: &[u8]) -> Option<Vec<u8>> {
             i += 1;
             continue;
         }
-        let token = ["NaN", "Infinity", "-Infinity"].into_iter().find(|t| text[i..].starts_with(t.as_bytes()));
+        // Only these bytes can start a token: the usual digits cost one comparison each.
+        let token = match b {
+            b'N' | b'I' | b'-' => {
+                ["NaN", "Infinity", "-Infinity"].into_iter().find(|t| text[i..].starts_with(t.as_bytes()))
+            }
+            _ => None,
+        };
         match token {
             Some(token) => {
                 let out = out.get_or_insert_with(|| Vec::with_capacity(text.len() + 64));
@@ -731,8 +742,8 @@ pub(crate) fn request_limit(model: &ModelVersion, server_limit: usize, flag: &st
 }
 
 /// The response: JSON, or the JSON header followed by binary outputs (sent from the output
-/// tensors' memory, not copied).
-/// The JSON header is written here rather than by serde_json, which has no NaN / Infinity.
+/// tensors' memory, not copied). The JSON is written here, not by serde_json, which has no
+/// NaN / Infinity.
 fn encode_response(model: &ModelVersion, id: String, outputs: Vec<Output>, binary_default: bool) -> Response {
     let mut chunks: Vec<Bytes> = Vec::new();
     let mut header = String::with_capacity(256);
