@@ -6,15 +6,19 @@ One server per module (started with `python -m opbridge serve` on free ports), s
 from __future__ import annotations
 
 import gzip
+import http.client as http_client
 import json
 import os
+import re
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -25,6 +29,7 @@ import opbridge as ob
 from opbridge.cli import server_binary
 
 tritonclient = pytest.importorskip("tritonclient")
+import gevent  # noqa: E402  (tritonclient.http's event loop)
 import tritonclient.grpc as tg  # noqa: E402
 import tritonclient.http as th  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
@@ -47,13 +52,20 @@ class Served:
         return f"http://{self.http}{path}"
 
 
-def start_server(*args: str, timeout: float = 30.0, free_ports: bool = True) -> Served:
+def start_server(
+    *args: str, timeout: float = 30.0, free_ports: bool = True, env: dict[str, str] | None = None
+) -> Served:
     """`opbridge serve` with `args`, after port flags of 0 unless `free_ports` is False (`args` name the ports)."""
     cmd = [sys.executable, "-m", "opbridge", "serve"]
     if free_ports:
         cmd += ["--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"]
     process = subprocess.Popen(
-        [*cmd, *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True
+        [*cmd, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, **(env or {})},
     )
     assert process.stdout is not None
     deadline = time.monotonic() + timeout
@@ -149,6 +161,8 @@ def grpc_inputs(arrays: dict[str, np.ndarray]) -> list[tg.InferInput]:
         inputs.append(i)
     return inputs
 
+
+NEG_ONE = json.dumps({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}]}).encode()
 
 RNG = np.random.default_rng(0)
 A = RNG.random((4, 256), dtype=np.float32)
@@ -413,6 +427,25 @@ def test_limits_just_under_and_just_over() -> None:
         np.testing.assert_array_equal(http.infer("neg", http_inputs({"x": ok})).as_numpy("out"), -ok)
         with pytest.raises(InferenceServerException, match="--http-max-input-size"):
             http.infer("neg", http_inputs({"x": np.ones(2048, np.float32)}))
+        # JSON expansion: under 4 KiB of JSON that is 4.8 KiB as FP64
+        status, message = error_of(
+            post(
+                served.url("/v2/models/neg/infer"),
+                json.dumps({"inputs": [{"name": "x", "shape": [600], "datatype": "FP64", "data": [0] * 600}]}).encode(),
+            )
+        )
+        assert status == 400 and "4096 bytes" in message and "--http-max-input-size" in message, message
+        # A declared body over the limit is refused unread, and the client's next request works.
+        conn = http_client.HTTPConnection(served.http, timeout=30)
+        try:
+            conn.request("POST", "/v2/models/neg/infer", body=bytes(8192))
+            response = conn.getresponse()
+            assert response.status == 400 and "4096" in json.loads(response.read())["error"]
+            conn.request("POST", "/v2/models/neg/infer", body=NEG_ONE)
+            response = conn.getresponse()
+            assert response.status == 200 and json.loads(response.read())["outputs"][0]["data"] == [-1.0]
+        finally:
+            conn.close()
         # JSON expansion: few bytes of JSON claiming a large tensor
         status, message = error_of(
             post(
@@ -452,6 +485,22 @@ def test_tokens(tmp_path) -> None:  # type: ignore[no-untyped-def]
         assert get(served.url("/v2"), {"Authorization": "Bearer wrong"})[0] == 401
         status, body = get(served.url("/v2"), {"Authorization": "Bearer s3cret"})
         assert status == 200
+        # RFC 7235: the scheme is case-insensitive.
+        for scheme in ["bearer", "BEARER", "bEaReR"]:
+            assert get(served.url("/v2"), {"Authorization": f"{scheme} s3cret"})[0] == 200, scheme
+        assert get(served.url("/v2"), {"Authorization": "Basic s3cret"})[0] == 401
+        # An unauthenticated request with a body does not cost the client its connection.
+        conn = http_client.HTTPConnection(served.http, timeout=30)
+        try:
+            conn.request("POST", "/v2/models/neg/infer", body=bytes(2_000_000))
+            response = conn.getresponse()
+            assert response.status == 401 and "error" in json.loads(response.read())
+            conn.request("POST", "/v2/models/neg/infer", body=NEG_ONE, headers={"Authorization": "Bearer s3cret"})
+            response = conn.getresponse()
+            assert response.status == 200, response.read()
+            response.read()
+        finally:
+            conn.close()
         http = th.InferenceServerClient(served.http)
         with pytest.raises(InferenceServerException):
             http.infer("neg", http_inputs({"x": A}))
@@ -501,9 +550,220 @@ def test_sigterm_lets_requests_in_flight_finish() -> None:
         big = RNG.random((512, 512), dtype=np.float32)
         http = th.InferenceServerClient(served.http, concurrency=4)
         pending = [http.async_infer("matmul", http_inputs({"a": big, "b": big})) for _ in range(4)]
-        time.sleep(0.05)
+        # The client's greenlets connect and send only when this one yields: a plain sleep let
+        # SIGTERM close the listener before they connected (a refused connection, not a drain).
+        gevent.sleep(0.05)
         os.kill(served.process.pid, signal.SIGTERM)
         for request in pending:
             np.testing.assert_allclose(request.get_result().as_numpy("out"), big @ big, rtol=1e-4)
     finally:
         assert stop_server(served) == 0
+
+
+# --- protocol hardening ------------------------------------------------------------------------------
+
+
+def json_infer(
+    server: Served, model: str, body: bytes | dict, headers: dict[str, str] | None = None
+) -> tuple[int, dict]:
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    status, answer = post(server.url(f"/v2/models/{model}/infer"), raw, headers)
+    return status, json.loads(answer)
+
+
+def test_fp16_json_rounds_once(server: Served) -> None:
+    # Just above the tie between 1 and the next FP16: through f32 it lands on the tie (-> 1.0).
+    x = 1.0 + 2.0**-11 + 1e-8
+    body = {"inputs": [{"name": "x", "shape": [1], "datatype": "FP16", "data": [x]}]}
+    status, answer = json_infer(server, "neg", body)
+    assert status == 200, answer
+    assert np.float16(answer["outputs"][0]["data"][0]) == -np.float16(1.0 + 2.0**-10)
+
+
+def test_json_nan_and_infinity(server: Served) -> None:
+    data = b'"data": [NaN, Infinity, -Infinity, 1]'
+    body = b'{"id": "NaN", "inputs": [{"name": "x", "shape": [4], "datatype": "FP32", ' + data + b"}]}"
+    status, raw = post(server.url("/v2/models/neg/infer"), body)
+    assert status == 200, raw
+    assert b"[NaN,-Infinity,Infinity,-1.0]" in raw, raw
+    answer = json.loads(raw)  # Python's json reads Triton's tokens
+    assert answer["id"] == "NaN", "a string is left alone"
+    out = np.array(answer["outputs"][0]["data"])
+    assert np.isnan(out[0]) and out[1] == -np.inf and out[2] == np.inf and out[3] == -1
+    for token in [b"NaN", b"Infinity", b"-Infinity"]:
+        body = b'{"inputs": [{"name": "x", "shape": [1], "datatype": "INT32", "data": [' + token + b"]}]}"
+        status, answer = json_infer(server, "neg", body)
+        assert status == 400 and token.decode() in answer["error"], answer
+
+
+def test_list_attributes_over_http_and_grpc(http: th.InferenceServerClient, grpc: tg.InferenceServerClient) -> None:
+    x = RNG.random((2, 3, 4), dtype=np.float32)
+    r = http.infer("transpose", http_inputs({"x": x}), parameters={"axes": [1, 0, 2]})
+    np.testing.assert_array_equal(r.as_numpy("out"), np.transpose(x, (1, 0, 2)))
+    r = grpc.infer("transpose", grpc_inputs({"x": x}), parameters={"axes": "[2, 0, 1]"})
+    np.testing.assert_array_equal(r.as_numpy("out"), np.transpose(x, (2, 0, 1)))
+    with pytest.raises(InferenceServerException, match="permutation"):
+        http.infer("transpose", http_inputs({"x": x}), parameters={"axes": [0, 0, 1]})
+
+
+def test_keep_alive_after_an_early_error(server: Served) -> None:
+    conn = http_client.HTTPConnection(server.http, timeout=30)
+    try:
+        for path in ["/v2/models/nope/infer", "/v2/models/add/versions/9/infer"]:
+            conn.request("POST", path, body=bytes(2_000_000))
+            response = conn.getresponse()
+            assert response.status == 404 and "error" in json.loads(response.read())
+            conn.request("POST", "/v2/models/neg/infer", body=NEG_ONE)
+            response = conn.getresponse()
+            assert response.status == 200 and json.loads(response.read())["outputs"][0]["data"] == [-1.0]
+    finally:
+        conn.close()
+
+
+def raw_exchange(server: Served, request: bytes, timeout: float = 10.0) -> bytes:
+    """Sends `request` on a fresh socket and reads until the server closes (or the timeout)."""
+    host, port = server.http.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=timeout) as s:
+        s.sendall(request)
+        s.shutdown(socket.SHUT_WR)
+        chunks = []
+        while chunk := s.recv(65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+
+def test_malformed_chunked_body_is_400(server: Served) -> None:
+    head = b"POST /v2/models/neg/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    answer = raw_exchange(server, head + b"zz\r\nabc\r\n0\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 400"), answer
+    message = json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]
+    assert "chunk" in message and "exceeds" not in message, message
+
+
+def test_slowloris_client_is_cut_off() -> None:
+    served = start_server(env={"OPBRIDGE_SERVE_READ_TIMEOUT_MS": "300"})
+    try:
+        host, port = served.http.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n")  # and never the end of the head
+            started = time.monotonic()
+            while s.recv(4096):
+                pass
+            assert time.monotonic() - started < 5
+        assert get(served.url("/v2/health/live"))[0] == 200
+    finally:
+        assert stop_server(served) == 0
+
+
+def test_every_error_is_json(server: Served) -> None:
+    cases = [
+        ("GET", "/v2/models/%ff/config", b"", 400),
+        ("GET", "/v2/models/add/versions/x/config", b"", 400),
+        ("GET", "/v2/models/add/versions/x/stats", b"", 400),
+        ("GET", "/v2/models/add/infer", b"", 405),
+        ("PUT", "/v2", b"", 405),
+        ("GET", "/no/such/route", b"", 404),
+        ("POST", "/v2/repository/index", bytes(3_000_000), 413),
+        ("POST", "/v2/repository/index", b"{not json", 400),
+        ("POST", "/v2/models/neg/infer", b"[1, 2]", 400),
+    ]
+    for method, path, body, status in cases:
+        conn = http_client.HTTPConnection(server.http, timeout=30)
+        try:
+            conn.request(method, path, body=body)
+            response = conn.getresponse()
+            assert response.status == status, (path, response.status)
+            assert response.getheader("content-type") == "application/json", path
+            assert json.loads(response.read())["error"], path
+        finally:
+            conn.close()
+    assert get(server.url("/v2/models/add/versions/1/config"))[0] == 200
+    assert get(server.url("/v2/models/add/versions/1/stats"))[0] == 200
+    assert get(server.url("/v2/models/add/versions/1/ready"))[0] == 200
+
+
+def test_messages_echo_values_as_written(server: Served) -> None:
+    status, message = error_of(get(server.url("/v2/models/add/versions/x1/ready")))
+    assert status == 400 and "'x1'" in message and '"x1"' not in message, message
+    body: dict = {
+        "parameters": {"axis": "x"},
+        "inputs": [{"name": "x", "shape": [2], "datatype": "FP32", "data": [1, 2]}],
+    }
+    status, answer = json_infer(server, "softmax", body)
+    assert status == 400 and 'got "x"' in answer["error"] and "Str(" not in answer["error"], answer
+    body["parameters"] = {"axis": 1.5}
+    status, answer = json_infer(server, "softmax", body)
+    assert status == 400 and "got 1.5" in answer["error"] and "Float(" not in answer["error"], answer
+
+
+def test_unsupported_and_unknown_tensor_parameters(server: Served, grpc: tg.InferenceServerClient) -> None:
+    x = {"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}
+    cases = [
+        ({"inputs": [x], "outputs": [{"name": "out", "parameters": {"classification": 2}}]}, 501, "classification"),
+        ({"inputs": [{**x, "parameters": {"shared_memory_region": "r"}}]}, 501, "shared memory"),
+        ({"inputs": [x], "outputs": [{"name": "out", "parameters": {"shared_memory_region": "r"}}]}, 501, "shared"),
+        ({"inputs": [x], "parameters": {"shared_memory_region": "r"}}, 501, "shared memory"),
+        ({"inputs": [{**x, "parameters": {"colour": "red"}}]}, 400, "'colour'"),
+        ({"inputs": [x], "outputs": [{"name": "out", "parameters": {"flavour": 1}}]}, 400, "'flavour'"),
+    ]
+    for body, status, match in cases:
+        got, answer = json_infer(server, "neg", body)
+        assert got == status and match in answer["error"], answer
+    with pytest.raises(InferenceServerException) as error:
+        grpc.infer("neg", grpc_inputs({"x": A}), outputs=[tg.InferRequestedOutput("out", class_count=2)])
+    assert error.value.status() == "StatusCode.UNIMPLEMENTED" and "classification" in error.value.message()
+
+
+def test_content_encodings(server: Served) -> None:
+    body = json.dumps({"inputs": [{"name": "x", "shape": [2], "datatype": "FP64", "data": [1.5, -2.0]}]}).encode()
+    for encoding, compressed in [("gzip", gzip.compress(body)), ("deflate", zlib.compress(body))]:
+        status, answer = json_infer(server, "neg", compressed, {"Content-Encoding": encoding})
+        assert status == 200 and answer["outputs"][0]["data"] == [-1.5, 2.0], (encoding, answer)
+    status, answer = json_infer(server, "neg", body, {"Content-Encoding": "br"})
+    assert status == 415 and "br" in answer["error"], answer
+    status, answer = json_infer(server, "neg", b"not gzip", {"Content-Encoding": "gzip"})
+    assert status == 400, answer
+
+
+def test_kernel_errors_carry_the_kernels_message(server: Served) -> None:
+    weight = {"name": "weight", "shape": [2, 2], "datatype": "FP32", "data": [1, 2, 3, 4]}
+    indices = {"name": "indices", "shape": [2], "datatype": "INT64", "data": [0, 1]}
+    offsets = {"name": "offsets", "shape": [2], "datatype": "INT64", "data": [1, 0]}  # must start at 0
+    status, answer = json_infer(server, "embedding_bag", {"inputs": [weight, indices, offsets]})
+    assert status == 400 and answer["error"].startswith("embedding_bag: offsets[0] must be 0"), answer
+
+
+def failures(server: Served, model: str, reason: str) -> int:
+    """`nv_inference_request_failure{reason}` of `model`, all versions."""
+    _, text = get(f"http://{server.metrics}/metrics")
+    pattern = rf'nv_inference_request_failure\{{model="{model}",reason="{reason}",version="\d+"\}} (\d+)'
+    found = re.findall(pattern, text.decode())
+    assert found, text
+    return sum(int(n) for n in found)
+
+
+def test_client_gone_mid_request_counts_as_canceled(server: Served) -> None:
+    big = np.ones((768, 768), np.float32)
+    inputs = [
+        {"name": n, "shape": [768, 768], "datatype": "FP32", "parameters": {"binary_data_size": big.nbytes}}
+        for n in ("a", "b")
+    ]
+    header = json.dumps({"inputs": inputs}).encode()
+    body = header + big.tobytes() * 2
+    head = (
+        "POST /v2/models/matmul/infer HTTP/1.1\r\nHost: x\r\n"
+        f"Inference-Header-Content-Length: {len(header)}\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    before = failures(server, "matmul", "CANCELED")
+    host, port = server.http.rsplit(":", 1)
+    sockets = []
+    for _ in range(4):  # queued behind each other: most are still waiting when their client leaves
+        s = socket.create_connection((host, int(port)), timeout=30)
+        s.sendall(head + body)
+        sockets.append(s)
+    for s in sockets:
+        s.close()
+    deadline = time.monotonic() + 15
+    while failures(server, "matmul", "CANCELED") == before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert failures(server, "matmul", "CANCELED") > before

@@ -17,6 +17,9 @@ pub enum Code {
     OutOfMemory,
     /// Not supported by this server: 501 / UNIMPLEMENTED.
     Unimplemented,
+    /// A body in an encoding we cannot read (`Content-Encoding: br`): 415 / UNIMPLEMENTED
+    /// (gRPC's code for an unsupported compression, from its compression spec).
+    UnsupportedMediaType,
     /// A missing or wrong token: 401 / UNAUTHENTICATED.
     Unauthenticated,
     /// Our own bug or a device failure: 500 / INTERNAL.
@@ -58,6 +61,7 @@ impl ServeError {
             Code::NotFound => 404,
             Code::Unavailable | Code::OutOfMemory => 503,
             Code::Unimplemented => 501,
+            Code::UnsupportedMediaType => 415,
             Code::Unauthenticated => 401,
             Code::Internal => 500,
         }
@@ -69,7 +73,7 @@ impl ServeError {
             Code::NotFound => tonic::Code::NotFound,
             Code::Unavailable => tonic::Code::Unavailable,
             Code::TooLarge | Code::OutOfMemory => tonic::Code::ResourceExhausted,
-            Code::Unimplemented => tonic::Code::Unimplemented,
+            Code::Unimplemented | Code::UnsupportedMediaType => tonic::Code::Unimplemented,
             Code::Unauthenticated => tonic::Code::Unauthenticated,
             Code::Internal => tonic::Code::Internal,
         }
@@ -82,6 +86,7 @@ impl ServeError {
             400 => "400",
             401 => "401",
             404 => "404",
+            415 => "415",
             501 => "501",
             503 => "503",
             _ => "500",
@@ -89,17 +94,26 @@ impl ServeError {
     }
 }
 
+/// The one mapping from the dispatch layer's error kinds: what the client caused is 4xx, only
+/// our bugs and device failures are 500.
+fn code_of(kind: ErrorKind) -> Code {
+    match kind {
+        ErrorKind::Shape | ErrorKind::DType | ErrorKind::Argument => Code::InvalidArgument,
+        ErrorKind::NotFound => Code::NotFound,
+        ErrorKind::Unavailable => Code::Unavailable,
+        ErrorKind::OutOfMemory => Code::OutOfMemory,
+        ErrorKind::Device | ErrorKind::Internal => Code::Internal,
+    }
+}
+
 impl From<OpError> for ServeError {
-    /// Operator errors by kind: the one mapping from the dispatch layer's error kinds.
     fn from(error: OpError) -> ServeError {
-        let code = match error.kind() {
-            ErrorKind::Shape | ErrorKind::DType | ErrorKind::Argument => Code::InvalidArgument,
-            ErrorKind::NotFound => Code::NotFound,
-            ErrorKind::Unavailable => Code::Unavailable,
-            ErrorKind::OutOfMemory => Code::OutOfMemory,
-            ErrorKind::Device | ErrorKind::Internal => Code::Internal,
-        };
-        ServeError::new(code, error.to_string())
+        // A kernel's failure surfaces at the stream's synchronization wrapped in the stream's
+        // name; the client gets the kernel's own message, classed by the kernel's kind.
+        if let OpError::Runtime(opbridge_runtime::Error::Async { error, .. }) = &error {
+            return ServeError::new(code_of(error.kind()), error.message());
+        }
+        ServeError::new(code_of(error.kind()), error.to_string())
     }
 }
 

@@ -84,9 +84,12 @@ fn version_arg(text: &str) -> Result<Option<u32>, ServeError> {
     if text.is_empty() {
         return Ok(None);
     }
-    text.parse()
-        .map(Some)
-        .map_err(|_| ServeError::invalid(format!("model version must be a non-negative integer, got {text:?}")))
+    text.parse().map(Some).map_err(|_| {
+        ServeError::invalid(format!(
+            "model version must be a non-negative integer, got '{}'",
+            crate::models::truncate(text, 32)
+        ))
+    })
 }
 
 impl Service {
@@ -113,8 +116,9 @@ fn param(value: &InferParameter) -> Option<Param> {
 
 /// Typed contents as numbers of the input's datatype (8/16-bit ints travel in 32-bit fields).
 fn typed_contents(name: &str, datatype: &str, contents: InferTensorContents) -> Result<Numbers, ServeError> {
-    let datatype = Datatype::parse(datatype)
-        .ok_or_else(|| ServeError::invalid(format!("input '{name}': unknown datatype '{datatype}'")))?;
+    let datatype = Datatype::parse(datatype).ok_or_else(|| {
+        ServeError::invalid(format!("input '{name}': unknown datatype '{}'", crate::models::truncate(datatype, 16)))
+    })?;
     let wrong = || ServeError::invalid(format!("input '{name}': contents do not match datatype {}", datatype.name()));
     Ok(match datatype {
         Datatype::Fp32 => Numbers::F64(contents.fp32_contents.iter().map(|&x| x as f64).collect()),
@@ -149,6 +153,7 @@ fn to_request(message: ModelInferRequest) -> Result<InferRequest, ServeError> {
     }
     let mut raw = raw.into_iter();
     for input in message.inputs {
+        infer::check_tensor_params("input", &input.name, input.parameters.keys().map(String::as_str), &[])?;
         let data = match (raw.next(), input.contents) {
             (Some(_), Some(c)) if c != InferTensorContents::default() => {
                 return Err(ServeError::invalid(format!(
@@ -161,6 +166,9 @@ fn to_request(message: ModelInferRequest) -> Result<InferRequest, ServeError> {
             (None, None) => return Err(ServeError::invalid(format!("input '{}' has no data", input.name))),
         };
         request.inputs.push(InferInput { name: input.name, datatype: input.datatype, shape: input.shape, data });
+    }
+    for output in &message.outputs {
+        infer::check_tensor_params("output", &output.name, output.parameters.keys().map(String::as_str), &[])?;
     }
     if !message.outputs.is_empty() {
         request.outputs =
@@ -235,6 +243,8 @@ impl GrpcInferenceService for Service {
         let message = request.into_inner();
         let version = version_arg(&message.model_version).map_err(|e| self.reject("infer", e))?;
         let found = self.server.models.resolve(&message.model_name, version).map_err(|e| self.reject("infer", e))?;
+        // Counted as CANCELED if the client cancels (tonic then drops this future).
+        let pending = infer::Pending::new(Arc::clone(&found), started);
         let outcome = async {
             let (limit, raise) =
                 crate::http::request_limit(&found, self.server.limits.grpc_max_message_size, "--grpc-max-message-size");
@@ -268,7 +278,7 @@ impl GrpcInferenceService for Service {
             Ok::<_, ServeError>(response)
         }
         .await;
-        self.server.finish(&found, outcome.as_ref().map(|_| ()), started);
+        pending.finish(outcome.as_ref().map(|_| ()));
         outcome.map(Response::new).map_err(Status::from)
     }
 

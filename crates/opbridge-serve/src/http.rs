@@ -2,18 +2,23 @@
 //! configuration, statistics). Every error is `{"error": "..."}` with Triton's status mapping.
 
 use std::convert::Infallible;
+use std::fmt::Write as _;
 use std::io::Read;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, State};
+use axum::extract::{FromRequestParts, Path, State};
+use axum::http::header::{CONNECTION, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use futures_util::StreamExt;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
+use tokio::net::TcpListener;
 
 use crate::datatype::Datatype;
 use crate::error::{Code, Result, ServeError};
@@ -57,22 +62,76 @@ pub fn router(server: Arc<Server>) -> Router {
         .route("/v2", get(server_metadata))
         .route("/v2/models/stats", get(all_stats))
         .route("/v2/models/{model}", get(model_metadata))
-        .route("/v2/models/{model}/versions/{version}", get(model_metadata_v))
+        .route("/v2/models/{model}/versions/{version}", get(model_metadata))
         .route("/v2/models/{model}/ready", get(model_ready))
-        .route("/v2/models/{model}/versions/{version}/ready", get(model_ready_v))
+        .route("/v2/models/{model}/versions/{version}/ready", get(model_ready))
         .route("/v2/models/{model}/config", get(model_config))
-        .route("/v2/models/{model}/versions/{version}/config", get(model_config_v))
+        .route("/v2/models/{model}/versions/{version}/config", get(model_config))
         .route("/v2/models/{model}/stats", get(model_stats))
-        .route("/v2/models/{model}/versions/{version}/stats", get(model_stats_v))
-        .route("/v2/models/{model}/infer", post(infer_latest))
-        .route("/v2/models/{model}/versions/{version}/infer", post(infer_version))
+        .route("/v2/models/{model}/versions/{version}/stats", get(model_stats))
+        .route("/v2/models/{model}/infer", post(infer_http))
+        .route("/v2/models/{model}/versions/{version}/infer", post(infer_http))
         .route("/v2/repository/index", post(repository_index))
-        .route("/v2/repository/{repository}/index", post(repository_index_of))
+        .route("/v2/repository/{repository}/index", post(repository_index))
         .route("/v2/repository/models/{model}/load", post(repository_load))
         .route("/v2/repository/models/{model}/unload", post(repository_unload))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::map_response(json_errors))
         .with_state(server)
+}
+
+/// Every error body is `{"error": ...}` (tritonclient reads that key): the answers of axum's
+/// own extractors and of anything else that is not JSON are rewrapped here.
+async fn json_errors(response: Response) -> Response {
+    let status = response.status();
+    let is_json = response.headers().get(CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    // Such bodies are one line of text; a longer one is cut, not buffered.
+    let text = match axum::body::to_bytes(body, 4096).await {
+        Ok(bytes) => String::from_utf8_lossy(&bytes).trim().to_string(),
+        Err(_) => String::new(),
+    };
+    let message = if text.is_empty() { status.canonical_reason().unwrap_or("error").to_string() } else { text };
+    parts.headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    parts.headers.remove(CONTENT_LENGTH);
+    if status == StatusCode::PAYLOAD_TOO_LARGE {
+        // axum's body limit left the rest of the body unread: the connection cannot go on.
+        parts.headers.insert(CONNECTION, HeaderValue::from_static("close"));
+    }
+    Response::from_parts(parts, Body::from(json!({ "error": message }).to_string()))
+}
+
+/// `{model}` and the optional `{version}` of a route; a bad value is a JSON 400 naming it.
+#[derive(Debug)]
+struct ModelPath {
+    model: String,
+    version: Option<u32>,
+    repository: Option<String>,
+}
+
+impl FromRequestParts<Arc<Server>> for ModelPath {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &Arc<Server>) -> std::result::Result<Self, Response> {
+        let reject = |error: ServeError| answer(state, Err(("other", error)));
+        let Path(params) = Path::<Vec<(String, String)>>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| reject(ServeError::invalid(e.body_text())))?;
+        let mut path = ModelPath { model: String::new(), version: None, repository: None };
+        for (key, value) in params {
+            match key.as_str() {
+                "model" => path.model = value,
+                "version" => path.version = Some(version_arg(&value).map_err(reject)?),
+                "repository" => path.repository = Some(value),
+                _ => {}
+            }
+        }
+        Ok(path)
+    }
 }
 
 async fn not_found(State(server): State<Arc<Server>>) -> Response {
@@ -91,16 +150,22 @@ async fn live() -> StatusCode {
     StatusCode::OK
 }
 
-async fn ready(State(server): State<Arc<Server>>) -> StatusCode {
+async fn ready(State(server): State<Arc<Server>>) -> Response {
     if server.is_ready() {
-        StatusCode::OK
+        StatusCode::OK.into_response()
     } else {
-        StatusCode::BAD_REQUEST
+        // Triton answers 400 here; the body is JSON like every other error.
+        ServeError::invalid("the server is not ready").into_response()
     }
 }
 
 fn version_arg(text: &str) -> Result<u32> {
-    text.parse().map_err(|_| ServeError::invalid(format!("model version must be a non-negative integer, got {text:?}")))
+    text.parse().map_err(|_| {
+        ServeError::invalid(format!(
+            "model version must be a non-negative integer, got '{}'",
+            crate::models::truncate(text, 32)
+        ))
+    })
 }
 
 async fn server_metadata(State(server): State<Arc<Server>>, headers: HeaderMap) -> Response {
@@ -109,55 +174,22 @@ async fn server_metadata(State(server): State<Arc<Server>>, headers: HeaderMap) 
     answer(&server, outcome)
 }
 
-async fn model_metadata(State(s): State<Arc<Server>>, Path(model): Path<String>, headers: HeaderMap) -> Response {
-    let outcome = s.authorize(&headers).and_then(|_| s.model_metadata(&model, None)).map(json_response);
+async fn model_metadata(State(s): State<Arc<Server>>, p: ModelPath, headers: HeaderMap) -> Response {
+    let outcome = s.authorize(&headers).and_then(|_| s.model_metadata(&p.model, p.version)).map(json_response);
     answer(&s, outcome.map_err(|e| ("metadata", e)))
 }
 
-async fn model_metadata_v(
-    State(s): State<Arc<Server>>,
-    Path((model, version)): Path<(String, String)>,
-    headers: HeaderMap,
-) -> Response {
-    let outcome =
-        s.authorize(&headers).and_then(|_| s.model_metadata(&model, Some(version_arg(&version)?))).map(json_response);
-    answer(&s, outcome.map_err(|e| ("metadata", e)))
-}
-
-fn ready_answer(s: &Server, model: &str, version: Option<u32>) -> Result<Response> {
-    match s.models.resolve(model, version) {
+async fn model_ready(State(s): State<Arc<Server>>, p: ModelPath, headers: HeaderMap) -> Response {
+    let outcome = s.authorize(&headers).and_then(|_| match s.models.resolve(&p.model, p.version) {
         Ok(_) => Ok(StatusCode::OK.into_response()),
         Err(e) if e.code == Code::Unavailable => Err(ServeError::invalid("Model version not ready")),
         Err(e) => Err(e),
-    }
-}
-
-async fn model_ready(State(s): State<Arc<Server>>, Path(model): Path<String>, headers: HeaderMap) -> Response {
-    let outcome = s.authorize(&headers).and_then(|_| ready_answer(&s, &model, None));
+    });
     answer(&s, outcome.map_err(|e| ("ready", e)))
 }
 
-async fn model_ready_v(
-    State(s): State<Arc<Server>>,
-    Path((model, version)): Path<(String, String)>,
-    headers: HeaderMap,
-) -> Response {
-    let outcome = s.authorize(&headers).and_then(|_| ready_answer(&s, &model, Some(version_arg(&version)?)));
-    answer(&s, outcome.map_err(|e| ("ready", e)))
-}
-
-async fn model_config(State(s): State<Arc<Server>>, Path(model): Path<String>, headers: HeaderMap) -> Response {
-    let outcome = s.authorize(&headers).and_then(|_| s.model_config(&model, None)).map(json_response);
-    answer(&s, outcome.map_err(|e| ("config", e)))
-}
-
-async fn model_config_v(
-    State(s): State<Arc<Server>>,
-    Path((model, version)): Path<(String, String)>,
-    headers: HeaderMap,
-) -> Response {
-    let outcome =
-        s.authorize(&headers).and_then(|_| s.model_config(&model, Some(version_arg(&version)?))).map(json_response);
+async fn model_config(State(s): State<Arc<Server>>, p: ModelPath, headers: HeaderMap) -> Response {
+    let outcome = s.authorize(&headers).and_then(|_| s.model_config(&p.model, p.version)).map(json_response);
     answer(&s, outcome.map_err(|e| ("config", e)))
 }
 
@@ -166,25 +198,64 @@ async fn all_stats(State(s): State<Arc<Server>>, headers: HeaderMap) -> Response
     answer(&s, outcome.map_err(|e| ("stats", e)))
 }
 
-async fn model_stats(State(s): State<Arc<Server>>, Path(model): Path<String>, headers: HeaderMap) -> Response {
-    let outcome = s.authorize(&headers).and_then(|_| s.stats_json(Some(&model), None)).map(json_response);
+async fn model_stats(State(s): State<Arc<Server>>, p: ModelPath, headers: HeaderMap) -> Response {
+    let outcome = s.authorize(&headers).and_then(|_| s.stats_json(Some(&p.model), p.version)).map(json_response);
     answer(&s, outcome.map_err(|e| ("stats", e)))
 }
 
-async fn model_stats_v(
-    State(s): State<Arc<Server>>,
-    Path((model, version)): Path<(String, String)>,
-    headers: HeaderMap,
+/// How much of an unread body an early answer still drains to keep the connection, and for
+/// how long; past either, the answer closes the connection instead.
+const DRAIN_MAX_BYTES: usize = 4 << 20;
+const DRAIN_MAX_TIME: Duration = Duration::from_secs(2);
+
+fn declared_length(headers: &HeaderMap) -> Option<usize> {
+    headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse().ok())
+}
+
+/// An answer given before the request's body was read: the body is drained (bounded in bytes
+/// and time) so the connection can carry the next request, or the answer says `Connection:
+/// close`. Unread, hyper would drop the connection with no warning to a keep-alive client.
+async fn answer_unread(
+    s: &Server,
+    endpoint: &'static str,
+    error: ServeError,
+    body: Body,
+    headers: &HeaderMap,
 ) -> Response {
-    let outcome =
-        s.authorize(&headers).and_then(|_| s.stats_json(Some(&model), Some(version_arg(&version)?))).map(json_response);
-    answer(&s, outcome.map_err(|e| ("stats", e)))
+    let mut response = answer(s, Err((endpoint, error)));
+    let drained = match declared_length(headers) {
+        Some(n) if n > DRAIN_MAX_BYTES => false,
+        _ => {
+            matches!(tokio::time::timeout(DRAIN_MAX_TIME, axum::body::to_bytes(body, DRAIN_MAX_BYTES)).await, Ok(Ok(_)))
+        }
+    };
+    if !drained {
+        close_connection(&mut response);
+    }
+    response
 }
 
-/// The request body, bounded, decompressed (bounded again) when it says it is compressed.
+fn close_connection(response: &mut Response) {
+    response.headers_mut().insert(CONNECTION, HeaderValue::from_static("close"));
+}
+
+/// Why reading a body failed: over the limit (the body was left unread past it), or the body
+/// itself is broken (bad chunked framing, a connection cut short).
+#[derive(Debug)]
+struct BodyError {
+    error: ServeError,
+    /// Whether part of the body is still unread.
+    unread: bool,
+}
+
 /// The request body, decompressed, within `limit` bytes (before and after decompression);
 /// `raise` says how to raise the limit (the server flag, or the model's config key).
-async fn read_body(headers: &HeaderMap, body: Body, limit: usize, raise: &str) -> Result<Bytes> {
+async fn read_body(
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+    raise: &str,
+) -> std::result::Result<Bytes, BodyError> {
     let too_large = |what: &str, size: Option<usize>| {
         ServeError::new(
             Code::TooLarge,
@@ -194,29 +265,57 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: usize, raise: &str) -
             ),
         )
     };
-    let declared = headers.get("content-length").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
-    if let Some(size) = declared.filter(|&n| n > limit) {
-        return Err(too_large("request body", Some(size)));
+    let encoding = headers.get(CONTENT_ENCODING).and_then(|v| v.to_str().ok()).unwrap_or("identity").trim();
+    let encoding = encoding.to_ascii_lowercase();
+    if !matches!(encoding.as_str(), "identity" | "" | "gzip" | "deflate") {
+        let error = ServeError::new(
+            Code::UnsupportedMediaType,
+            format!(
+                "unsupported content encoding '{}'; gzip and deflate are accepted",
+                crate::models::truncate(&encoding, 32)
+            ),
+        );
+        return Err(BodyError { error, unread: true });
     }
-    let raw = axum::body::to_bytes(body, limit).await.map_err(|_| too_large("request body", None))?;
-    let encoding = headers.get("content-encoding").and_then(|v| v.to_str().ok()).unwrap_or("identity").trim();
+    if let Some(size) = declared_length(headers).filter(|&n| n > limit) {
+        return Err(BodyError { error: too_large("request body", Some(size)), unread: true });
+    }
+    let mut stream = body.into_data_stream();
+    let mut raw = bytes::BytesMut::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| BodyError {
+            error: ServeError::invalid(format!("cannot read the request body: {}", body_error_text(&e))),
+            unread: false,
+        })?;
+        if raw.len() + chunk.len() > limit {
+            return Err(BodyError { error: too_large("request body", None), unread: true });
+        }
+        raw.extend_from_slice(&chunk);
+    }
+    let raw = raw.freeze();
     let mut inflated = Vec::new();
-    let read = match encoding.to_ascii_lowercase().as_str() {
-        "identity" | "" => return Ok(raw),
+    let read = match encoding.as_str() {
         "gzip" => flate2::read::GzDecoder::new(&raw[..]).take(limit as u64 + 1).read_to_end(&mut inflated),
         "deflate" => flate2::read::ZlibDecoder::new(&raw[..]).take(limit as u64 + 1).read_to_end(&mut inflated),
-        other => {
-            return Err(ServeError::new(
-                Code::Unimplemented,
-                format!("unsupported content encoding {other:?}; gzip and deflate are accepted"),
-            ))
-        }
+        _ => return Ok(raw),
     };
-    read.map_err(|e| ServeError::invalid(format!("cannot decompress the {encoding} request body: {e}")))?;
+    read.map_err(|e| BodyError {
+        error: ServeError::invalid(format!("cannot decompress the {encoding} request body: {e}")),
+        unread: false,
+    })?;
     if inflated.len() > limit {
-        return Err(too_large("decompressed request body", None));
+        return Err(BodyError { error: too_large("decompressed request body", None), unread: false });
     }
     Ok(Bytes::from(inflated))
+}
+
+/// The innermost cause of a body error (hyper's "invalid chunk size line", not axum's wrapper).
+fn body_error_text(error: &axum::Error) -> String {
+    let mut source: &dyn std::error::Error = error;
+    while let Some(inner) = source.source() {
+        source = inner;
+    }
+    source.to_string()
 }
 
 #[derive(Debug, Deserialize)]
@@ -248,8 +347,85 @@ struct JsonOutput {
     parameters: Option<Map<String, Value>>,
 }
 
+/// Triton parses JSON with rapidjson's `kParseNanAndInfFlag`: bare `NaN`, `Infinity` and
+/// `-Infinity` are numbers. serde_json refuses them, so outside strings they are rewritten as
+/// strings (a NUL, then the token) that the readers below take back as the number. `None`:
+/// nothing to rewrite (the usual case, no copy).
+fn rewrite_non_finite(text: &[u8]) -> Option<Vec<u8>> {
+    let mut out: Option<Vec<u8>> = None;
+    let (mut in_string, mut escaped) = (false, false);
+    let mut i = 0;
+    let mut copied = 0;
+    while i < text.len() {
+        let b = text[i];
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+            i += 1;
+            continue;
+        }
+        // Only these bytes can start a token: the usual digits cost one comparison each.
+        let token = match b {
+            b'N' | b'I' | b'-' => {
+                ["NaN", "Infinity", "-Infinity"].into_iter().find(|t| text[i..].starts_with(t.as_bytes()))
+            }
+            _ => None,
+        };
+        match token {
+            Some(token) => {
+                let out = out.get_or_insert_with(|| Vec::with_capacity(text.len() + 64));
+                out.extend_from_slice(&text[copied..i]);
+                out.extend_from_slice(b"\"\\u0000");
+                out.extend_from_slice(token.as_bytes());
+                out.push(b'"');
+                i += token.len();
+                copied = i;
+            }
+            None => {
+                in_string = b == b'"';
+                i += 1;
+            }
+        }
+    }
+    let mut out = out?;
+    out.extend_from_slice(&text[copied..]);
+    Some(out)
+}
+
+/// The number a rewritten `NaN` / `Infinity` / `-Infinity` stands for.
+fn non_finite(text: &str) -> Option<f64> {
+    match text.strip_prefix('\0')? {
+        "NaN" => Some(f64::NAN),
+        "Infinity" => Some(f64::INFINITY),
+        "-Infinity" => Some(f64::NEG_INFINITY),
+        _ => None,
+    }
+}
+
+/// A JSON value as the client wrote it (a rewritten non-finite number as its token), cut.
+fn as_written(value: &Value) -> String {
+    match value {
+        Value::String(s) if non_finite(s).is_some() => s[1..].to_string(),
+        other => crate::models::truncate(&other.to_string(), 32),
+    }
+}
+
 fn param(name: &str, value: &Value) -> Result<Param> {
     Ok(match value {
+        Value::String(s) if non_finite(s).is_some() => Param::Float(non_finite(s).unwrap_or(f64::NAN)),
+        Value::Array(items) => {
+            Param::Ints(items.iter().map(Value::as_i64).collect::<Option<_>>().ok_or_else(|| {
+                ServeError::invalid(format!(
+                    "parameter '{name}': a list parameter holds integers, got {}",
+                    as_written(value)
+                ))
+            })?)
+        }
         Value::Bool(b) => Param::Bool(*b),
         Value::Number(n) => match (n.as_i64(), n.as_u64(), n.as_f64()) {
             (Some(i), _, _) => Param::Int(i),
@@ -258,13 +434,19 @@ fn param(name: &str, value: &Value) -> Result<Param> {
             _ => return Err(ServeError::invalid(format!("parameter '{name}': unreadable number"))),
         },
         Value::String(s) => Param::Str(s.clone()),
-        _ => return Err(ServeError::invalid(format!("parameter '{name}' must be a string, number or boolean"))),
+        _ => {
+            return Err(ServeError::invalid(format!(
+                "parameter '{name}' must be a string, number, boolean or list of integers, got {}",
+                as_written(value)
+            )))
+        }
     })
 }
 
-/// Flattens a JSON `data` array (nested or flat, row-major) into numbers of `datatype`, with
-/// at most `limit` elements (the dtype-expansion bound).
-fn json_numbers(input: &str, datatype: Datatype, data: &Value, limit: usize) -> Result<Numbers> {
+/// Flattens a JSON `data` array (nested or flat, row-major) into numbers of `datatype`, within
+/// `limit_bytes` once expanded to the datatype (the dtype-expansion bound).
+fn json_numbers(input: &str, datatype: Datatype, data: &Value, limit_bytes: usize) -> Result<Numbers> {
+    let limit = limit_bytes / datatype.size().unwrap_or(1).max(1);
     let mut floats = Vec::new();
     let mut ints = Vec::new();
     let mut bools = Vec::new();
@@ -285,6 +467,10 @@ fn json_numbers(input: &str, datatype: Datatype, data: &Value, limit: usize) -> 
                 floats.push(n.as_f64().unwrap_or(f64::NAN));
                 count += 1;
             }
+            Value::String(s) if !integral && non_finite(s).is_some() => {
+                floats.push(non_finite(s).unwrap_or(f64::NAN));
+                count += 1;
+            }
             Value::Bool(b) if datatype == Datatype::Bool => {
                 bools.push(*b);
                 count += 1;
@@ -292,7 +478,7 @@ fn json_numbers(input: &str, datatype: Datatype, data: &Value, limit: usize) -> 
             other => {
                 return Err(ServeError::invalid(format!(
                     "input '{input}': {} is not a value of datatype {}",
-                    crate::models::truncate(&other.to_string(), 32),
+                    as_written(other),
                     datatype.name()
                 )))
             }
@@ -300,7 +486,11 @@ fn json_numbers(input: &str, datatype: Datatype, data: &Value, limit: usize) -> 
         if count > limit {
             return Err(ServeError::new(
                 Code::TooLarge,
-                format!("input '{input}' exceeds the maximum allowed input size; use --http-max-input-size to increase the limit"),
+                format!(
+                    "input '{input}' as {} exceeds the maximum allowed input size of {limit_bytes} bytes. Use \
+                     --http-max-input-size to increase the limit.",
+                    datatype.name()
+                ),
             ));
         }
     }
@@ -337,8 +527,11 @@ fn parse_request(s: &Server, model: &ModelVersion, headers: &HeaderMap, body: By
     }
     let header = body.slice(..split);
     let mut binary = body.slice(split..);
-    let parsed: JsonRequest = serde_json::from_slice(&header)
-        .map_err(|e| ServeError::invalid(format!("failed to parse the request JSON: {e}")))?;
+    let parsed: std::result::Result<JsonRequest, _> = match rewrite_non_finite(&header) {
+        Some(rewritten) => serde_json::from_slice(&rewritten),
+        None => serde_json::from_slice(&header),
+    };
+    let parsed = parsed.map_err(|e| ServeError::invalid(format!("failed to parse the request JSON: {e}")))?;
     let mut request = InferRequest {
         id: match parsed.id {
             None => String::new(),
@@ -357,6 +550,8 @@ fn parse_request(s: &Server, model: &ModelVersion, headers: &HeaderMap, body: By
     }
     let limit = s.limits.http_max_input_size;
     for input in parsed.inputs {
+        let keys = input.parameters.iter().flat_map(|p| p.keys().map(String::as_str));
+        infer::check_tensor_params("input", &input.name, keys, &["binary_data_size"])?;
         let size = input.parameters.as_ref().and_then(|p| p.get("binary_data_size"));
         let data = match (size, &input.data) {
             (Some(size), None) => {
@@ -385,8 +580,7 @@ fn parse_request(s: &Server, model: &ModelVersion, headers: &HeaderMap, body: By
                         crate::models::truncate(&input.datatype, 16)
                     ))
                 })?;
-                let max_elements = limit / datatype.size().unwrap_or(1).max(1);
-                InputData::Numbers(json_numbers(&input.name, datatype, data, max_elements)?)
+                InputData::Numbers(json_numbers(&input.name, datatype, data, limit)?)
             }
             (Some(_), Some(_)) => {
                 return Err(ServeError::invalid(format!("input '{}' has both data and binary_data_size", input.name)))
@@ -404,6 +598,8 @@ fn parse_request(s: &Server, model: &ModelVersion, headers: &HeaderMap, body: By
     if let Some(outputs) = parsed.outputs {
         let mut wanted = Vec::new();
         for out in outputs {
+            let keys = out.parameters.iter().flat_map(|p| p.keys().map(String::as_str));
+            infer::check_tensor_params("output", &out.name, keys, &["binary_data"])?;
             let binary = match out.parameters.as_ref().and_then(|p| p.get("binary_data")) {
                 None => None,
                 Some(v) => Some(v.as_bool().ok_or_else(|| ServeError::invalid("binary_data must be a boolean"))?),
@@ -445,61 +641,84 @@ fn raw_binary_request(model: &ModelVersion, body: Bytes) -> Result<(InferRequest
     Ok((InferRequest { inputs: vec![input], ..Default::default() }, true))
 }
 
-fn output_json(output: &Output) -> Value {
-    let bytes = output.bytes();
-    let data: Vec<Value> = match output.datatype {
-        Datatype::Fp16 => {
-            bytes.chunks_exact(2).map(|c| json!(half::f16::from_le_bytes([c[0], c[1]]).to_f32())).collect()
-        }
-        Datatype::Fp32 => {
-            bytes.chunks_exact(4).map(|c| json!(f32::from_le_bytes(c.try_into().unwrap_or([0; 4])))).collect()
-        }
-        Datatype::Fp64 => {
-            bytes.chunks_exact(8).map(|c| json!(f64::from_le_bytes(c.try_into().unwrap_or([0; 8])))).collect()
-        }
-        Datatype::Int32 => {
-            bytes.chunks_exact(4).map(|c| json!(i32::from_le_bytes(c.try_into().unwrap_or([0; 4])))).collect()
-        }
-        _ => bytes.chunks_exact(8).map(|c| json!(i64::from_le_bytes(c.try_into().unwrap_or([0; 8])))).collect(),
-    };
-    Value::Array(data)
-}
-
-async fn infer_latest(
-    State(s): State<Arc<Server>>,
-    Path(model): Path<String>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    infer_http(s, model, None, headers, body).await
-}
-
-async fn infer_version(
-    State(s): State<Arc<Server>>,
-    Path((model, version)): Path<(String, String)>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    match version_arg(&version) {
-        Ok(v) => infer_http(s, model, Some(v), headers, body).await,
-        Err(e) => answer(&s, Err(("infer", e))),
+/// Writes a float as JSON, with Triton's tokens for the non-finite (what rapidjson writes and
+/// Python's `json` reads); serde_json would write `null`.
+fn push_float<T: std::fmt::Debug + Into<f64> + Copy>(out: &mut String, x: T) {
+    let wide: f64 = x.into();
+    if wide.is_nan() {
+        out.push_str("NaN");
+    } else if wide.is_infinite() {
+        out.push_str(if wide > 0.0 { "Infinity" } else { "-Infinity" });
+    } else {
+        // Debug is the shortest text that reads back to the same value, with an exponent for
+        // very large or small ones: a JSON number.
+        let _ = write!(out, "{x:?}");
     }
 }
 
-async fn infer_http(s: Arc<Server>, model: String, version: Option<u32>, headers: HeaderMap, body: Body) -> Response {
+/// An output's values as a flat JSON array.
+fn push_output_data(out: &mut String, output: &Output) {
+    let bytes = output.bytes();
+    out.push('[');
+    let mut first = true;
+    let mut sep = |out: &mut String| {
+        if !std::mem::take(&mut first) {
+            out.push(',');
+        }
+    };
+    match output.datatype {
+        Datatype::Fp16 => bytes.chunks_exact(2).for_each(|c| {
+            sep(out);
+            push_float(out, half::f16::from_le_bytes([c[0], c[1]]).to_f32());
+        }),
+        Datatype::Fp32 => bytes.chunks_exact(4).for_each(|c| {
+            sep(out);
+            push_float(out, f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+        }),
+        Datatype::Fp64 => bytes.chunks_exact(8).for_each(|c| {
+            sep(out);
+            push_float(out, f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]));
+        }),
+        Datatype::Int32 => bytes.chunks_exact(4).for_each(|c| {
+            sep(out);
+            let _ = write!(out, "{}", i32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+        }),
+        _ => bytes.chunks_exact(8).for_each(|c| {
+            sep(out);
+            let _ = write!(out, "{}", i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]));
+        }),
+    }
+    out.push(']');
+}
+
+/// A JSON string literal.
+fn json_str(text: &str) -> String {
+    Value::String(text.to_owned()).to_string()
+}
+
+/// `POST .../infer`, with or without a version.
+async fn infer_http(State(s): State<Arc<Server>>, p: ModelPath, headers: HeaderMap, body: Body) -> Response {
     let started = Instant::now();
-    let front = async {
-        s.authorize(&headers)?;
-        let found = s.models.resolve(&model, version)?;
-        let (limit, raise) = request_limit(&found, s.limits.http_max_input_size, "--http-max-input-size");
-        let body = read_body(&headers, body, limit, &raise).await?;
-        Ok::<_, ServeError>((found, body))
+    // Auth and the model first: neither needs the body, which is then drained or abandoned.
+    let front = s.authorize(&headers).and_then(|_| s.models.resolve(&p.model, p.version));
+    let found = match front {
+        Ok(found) => found,
+        Err(e) => return answer_unread(&s, "infer", e, body, &headers).await,
     };
-    let (found, body) = match front.await {
-        Ok(x) => x,
-        Err(e) => return answer(&s, Err(("infer", e))),
+    let (limit, raise) = request_limit(&found, s.limits.http_max_input_size, "--http-max-input-size");
+    let body = match read_body(&headers, body, limit, &raise).await {
+        Ok(body) => body,
+        Err(BodyError { error, unread }) => {
+            let mut response = answer(&s, Err(("infer", error)));
+            if unread {
+                close_connection(&mut response);
+            }
+            return response;
+        }
     };
-    // From here on the request belongs to a loaded model version: counted in its statistics.
+    // From here on the request belongs to a loaded model version: counted in its statistics,
+    // as CANCELED if the client goes away first (hyper then drops this future).
+    let pending = infer::Pending::new(Arc::clone(&found), started);
     let outcome = async {
         let (request, binary_default) = parse_request(&s, &found, &headers, body)?;
         let id = request.id.clone();
@@ -507,7 +726,7 @@ async fn infer_http(s: Arc<Server>, model: String, version: Option<u32>, headers
         Ok::<_, ServeError>(encode_response(&found, id, outputs, binary_default))
     }
     .await;
-    s.finish(&found, outcome.as_ref().map(|_| ()), started);
+    pending.finish(outcome.as_ref().map(|_| ()));
     outcome.unwrap_or_else(IntoResponse::into_response)
 }
 
@@ -523,27 +742,39 @@ pub(crate) fn request_limit(model: &ModelVersion, server_limit: usize, flag: &st
 }
 
 /// The response: JSON, or the JSON header followed by binary outputs (sent from the output
-/// tensors' memory, not copied).
+/// tensors' memory, not copied). The JSON is written here, not by serde_json, which has no
+/// NaN / Infinity.
 fn encode_response(model: &ModelVersion, id: String, outputs: Vec<Output>, binary_default: bool) -> Response {
-    let mut described = Vec::new();
     let mut chunks: Vec<Bytes> = Vec::new();
-    for output in outputs {
-        let shape: Vec<u64> = output.shape.iter().map(|&d| d as u64).collect();
-        let mut entry = json!({"name": output.name, "datatype": output.datatype.name(), "shape": shape});
+    let mut header = String::with_capacity(256);
+    let _ = write!(header, "{{\"model_name\":{},\"model_version\":\"{}\"", json_str(&model.model), model.version);
+    if !id.is_empty() {
+        let _ = write!(header, ",\"id\":{}", json_str(&id));
+    }
+    header.push_str(",\"outputs\":[");
+    for (k, output) in outputs.into_iter().enumerate() {
+        if k > 0 {
+            header.push(',');
+        }
+        let shape: Vec<String> = output.shape.iter().map(usize::to_string).collect();
+        let _ = write!(
+            header,
+            "{{\"name\":{},\"datatype\":\"{}\",\"shape\":[{}]",
+            json_str(&output.name),
+            output.datatype.name(),
+            shape.join(",")
+        );
         if output.binary.unwrap_or(binary_default) {
-            entry["parameters"] = json!({"binary_data_size": output.bytes().len()});
+            let _ = write!(header, ",\"parameters\":{{\"binary_data_size\":{}}}}}", output.bytes().len());
             chunks.push(Bytes::from_owner(output.data));
         } else {
-            entry["data"] = output_json(&output);
+            header.push_str(",\"data\":");
+            push_output_data(&mut header, &output);
+            header.push('}');
         }
-        described.push(entry);
     }
-    let mut header =
-        json!({"model_name": model.model, "model_version": model.version.to_string(), "outputs": described});
-    if !id.is_empty() {
-        header["id"] = Value::String(id);
-    }
-    let header = Bytes::from(header.to_string());
+    header.push_str("]}");
+    let header = Bytes::from(header);
     if chunks.is_empty() {
         return json_response_bytes(header);
     }
@@ -571,17 +802,8 @@ struct IndexRequest {
     ready: bool,
 }
 
-async fn repository_index(State(s): State<Arc<Server>>, headers: HeaderMap, body: Bytes) -> Response {
-    index_response(s, None, headers, body)
-}
-
-async fn repository_index_of(
-    State(s): State<Arc<Server>>,
-    Path(repository): Path<String>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    index_response(s, Some(repository), headers, body)
+async fn repository_index(State(s): State<Arc<Server>>, p: ModelPath, headers: HeaderMap, body: Bytes) -> Response {
+    index_response(s, p.repository, headers, body)
 }
 
 fn index_response(s: Arc<Server>, repository: Option<String>, headers: HeaderMap, body: Bytes) -> Response {
@@ -658,22 +880,54 @@ async fn repository_control(s: Arc<Server>, model: String, headers: HeaderMap, b
     answer(&s, outcome.map_err(|e| ("repository", e)))
 }
 
-async fn repository_load(
-    State(s): State<Arc<Server>>,
-    Path(model): Path<String>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    repository_control(s, model, headers, body, true).await
+async fn repository_load(State(s): State<Arc<Server>>, p: ModelPath, headers: HeaderMap, body: Bytes) -> Response {
+    repository_control(s, p.model, headers, body, true).await
 }
 
-async fn repository_unload(
-    State(s): State<Arc<Server>>,
-    Path(model): Path<String>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    repository_control(s, model, headers, body, false).await
+async fn repository_unload(State(s): State<Arc<Server>>, p: ModelPath, headers: HeaderMap, body: Bytes) -> Response {
+    repository_control(s, p.model, headers, body, false).await
+}
+
+/// Serves `router` on `listener` until `stop` completes: HTTP/1.1, each request's head read
+/// within `header_timeout` (a slowloris client is cut off); then stops accepting and lets the
+/// connections finish the requests they carry.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    header_timeout: Duration,
+    stop: impl std::future::Future<Output = ()>,
+) {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use hyper_util::service::TowerToHyperService;
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder.timer(TokioTimer::new()).header_read_timeout(header_timeout);
+    tokio::pin!(stop);
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = &mut stop => break,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of descriptors and the like: wait rather than spin.
+                tracing::warn!("accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let connection = builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(router.clone()));
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!("HTTP connection ended: {e}");
+            }
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
 }
 
 /// The metrics port's router.
@@ -690,5 +944,6 @@ pub fn metrics_router(server: Arc<Server>) -> Router {
             }),
         )
         .fallback(|| async { ServeError::not_found("Not Found").into_response() })
+        .layer(axum::middleware::map_response(json_errors))
         .with_state(server)
 }

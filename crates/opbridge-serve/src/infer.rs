@@ -24,6 +24,27 @@ pub enum Param {
     Uint(u64),
     Float(f64),
     Str(String),
+    /// A JSON array of integers (HTTP), for list attributes such as `axes`.
+    Ints(Vec<i64>),
+}
+
+/// As the client wrote it (JSON forms), for error messages.
+impl std::fmt::Display for Param {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Param::Bool(b) => write!(f, "{b}"),
+            Param::Int(i) => write!(f, "{i}"),
+            Param::Uint(u) => write!(f, "{u}"),
+            Param::Float(x) if x.is_nan() => f.write_str("NaN"),
+            Param::Float(x) if x.is_infinite() => f.write_str(if *x > 0.0 { "Infinity" } else { "-Infinity" }),
+            Param::Float(x) => write!(f, "{x}"),
+            Param::Str(s) => write!(f, "{}", serde_json::Value::String(truncate(s, 64))),
+            Param::Ints(v) => {
+                let items: Vec<String> = v.iter().map(i64::to_string).collect();
+                write!(f, "[{}]", items.join(", "))
+            }
+        }
+    }
 }
 
 /// An input tensor's data as it arrived.
@@ -102,18 +123,69 @@ impl Output {
 fn is_protocol_param(name: &str) -> bool {
     matches!(name, "binary_data_output" | "priority" | "timeout" | "headers" | "triton_enable_empty_final_response")
         || name.starts_with("sequence_")
-        || name.starts_with("shared_memory_")
+}
+
+/// Triton's per-tensor parameters of extensions this server does not implement.
+fn unimplemented_param(name: &str) -> Option<&'static str> {
+    match name {
+        "classification" => Some("the classification extension"),
+        _ if name.starts_with("shared_memory_") => Some("shared memory"),
+        _ => None,
+    }
+}
+
+/// Checks a tensor's parameters: `known` ones pass, those of extensions we lack are 501 /
+/// UNIMPLEMENTED, any other is a client mistake named in a 400.
+pub fn check_tensor_params<'a>(
+    what: &str,
+    tensor: &str,
+    keys: impl IntoIterator<Item = &'a str>,
+    known: &[&str],
+) -> Result<()> {
+    let mut unknown = Vec::new();
+    for key in keys {
+        if known.contains(&key) {
+            continue;
+        }
+        if let Some(extension) = unimplemented_param(key) {
+            return Err(ServeError::new(
+                Code::Unimplemented,
+                format!(
+                    "{what} '{}': parameter '{key}' needs {extension}, which this server does not support",
+                    truncate(tensor, 64)
+                ),
+            ));
+        }
+        unknown.push(format!("'{}'", truncate(key, 64)));
+    }
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    let takes = if known.is_empty() { "none".to_string() } else { known.join(", ") };
+    Err(ServeError::invalid(format!(
+        "{what} '{}': unknown parameter(s) {}; it takes {takes}",
+        truncate(tensor, 64),
+        unknown.join(", ")
+    )))
 }
 
 /// The attribute value of a request parameter, typed by the schema's attribute.
 pub(crate) fn attr_value(model: &str, spec: &AttrSpec, param: &Param) -> Result<AttrValue> {
     let bad = |what: &str| {
-        ServeError::invalid(format!("model '{model}': parameter '{}' must be {what}, got {param:?}", spec.name))
+        ServeError::invalid(format!("model '{model}': parameter '{}' must be {what}, got {param}", spec.name))
     };
     let kind = spec.default.as_ref();
+    // A list attribute, or one whose kind the schema does not say (default None, required).
+    let maybe_list = matches!(kind, Some(AttrValue::Ints(_)) | Some(AttrValue::None) | None);
     Ok(match (kind, param) {
+        (_, Param::Ints(v)) if maybe_list => AttrValue::Ints(v.clone()),
+        (_, Param::Ints(_)) => return Err(bad("a single value")),
         (_, Param::Str(s)) if matches!(kind, Some(AttrValue::Ints(_))) => {
             AttrValue::Ints(parse_ints(s).ok_or_else(|| bad("a list of integers, like \"[0, 1]\""))?)
+        }
+        // gRPC has no list parameter: a list travels as the string "[1, 2]".
+        (_, Param::Str(s)) if maybe_list && s.trim_start().starts_with('[') && parse_ints(s).is_some() => {
+            AttrValue::Ints(parse_ints(s).unwrap_or_default())
         }
         (Some(AttrValue::Bool(_)), Param::Bool(b)) => AttrValue::Bool(*b),
         (Some(AttrValue::Bool(_)), _) => return Err(bad("a boolean")),
@@ -141,7 +213,8 @@ pub(crate) fn attr_value(model: &str, spec: &AttrSpec, param: &Param) -> Result<
 }
 
 fn parse_ints(text: &str) -> Option<Vec<i64>> {
-    let inner = text.trim().trim_start_matches('[').trim_end_matches(']');
+    let text = text.trim();
+    let inner = text.strip_prefix('[').and_then(|t| t.strip_suffix(']')).unwrap_or(text);
     if inner.trim().is_empty() {
         return Some(Vec::new());
     }
@@ -172,6 +245,12 @@ pub fn prepare(model: &ModelVersion, request: InferRequest, max_input_bytes: usi
     for (key, param) in &request.params {
         if is_protocol_param(key) {
             continue;
+        }
+        if key.starts_with("shared_memory_") {
+            return Err(ServeError::new(
+                Code::Unimplemented,
+                format!("parameter '{key}' needs shared memory, which this server does not support"),
+            ));
         }
         if model.fixed.iter().any(|(fixed, _)| fixed == key) {
             return Err(ServeError::invalid(format!("model '{name}' fixes parameter '{key}': it cannot be set")));
@@ -343,7 +422,7 @@ fn encode_numbers(input: &str, numbers: &Numbers, dtype: DType) -> Result<Vec<u8
         _ => Vec::new(),
     };
     match dtype {
-        DType::F16 => as_f64.iter().for_each(|&x| out.extend(half::f16::from_f64(x).to_le_bytes())),
+        DType::F16 => as_f64.iter().for_each(|&x| out.extend(crate::datatype::f16_from_f64(x).to_le_bytes())),
         DType::F32 => as_f64.iter().for_each(|&x| out.extend((x as f32).to_le_bytes())),
         DType::F64 => as_f64.iter().for_each(|&x| out.extend(x.to_le_bytes())),
         DType::I32 | DType::I64 => {
@@ -407,6 +486,49 @@ pub fn execute(model: &ModelVersion, prepared: Prepared, stream: &opbridge_runti
     let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
     stats.last_inference_ms.store(now_ms, std::sync::atomic::Ordering::Relaxed);
     Ok(outputs)
+}
+
+/// A request to a loaded model version, from the front end's side: finished once, as a success
+/// or a failure. Dropped unfinished (the client went away and the handler's future with it), it
+/// counts as a failure with Triton's reason CANCELED.
+#[derive(Debug)]
+pub struct Pending {
+    model: Arc<ModelVersion>,
+    started: Instant,
+    finished: bool,
+}
+
+impl Pending {
+    pub fn new(model: Arc<ModelVersion>, started: Instant) -> Pending {
+        Pending { model, started, finished: false }
+    }
+
+    /// Records the request's end in the version's statistics.
+    pub fn finish(mut self, outcome: std::result::Result<(), &ServeError>) {
+        self.finished = true;
+        let stats = &self.model.stats;
+        let ns = self.started.elapsed().as_nanos() as u64;
+        stats.request_ns.fetch_add(ns, std::sync::atomic::Ordering::Relaxed);
+        match outcome {
+            Ok(()) => stats.success.add(ns),
+            Err(error) => {
+                stats.fail.add(ns);
+                stats.failures.count(error);
+            }
+        }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if !self.finished {
+            let stats = &self.model.stats;
+            let ns = self.started.elapsed().as_nanos() as u64;
+            stats.request_ns.fetch_add(ns, std::sync::atomic::Ordering::Relaxed);
+            stats.fail.add(ns);
+            stats.failures.canceled.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
 }
 
 /// Prepares and runs `request` on `model`'s executor; the awaitable result.

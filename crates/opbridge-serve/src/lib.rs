@@ -20,7 +20,6 @@ pub mod repository;
 pub mod server;
 
 use std::ffi::OsString;
-use std::future::IntoFuture;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -146,12 +145,10 @@ async fn serve(args: ServeArgs, server: Arc<Server>) -> Result<(), String> {
             let _ = rx.wait_for(|stop| *stop).await;
         }
     };
-    let http_task = tokio::spawn(
-        axum::serve(http, http::router(Arc::clone(&server))).with_graceful_shutdown(stopped()).into_future(),
-    );
-    let metrics_task = tokio::spawn(
-        axum::serve(metrics, http::metrics_router(Arc::clone(&server))).with_graceful_shutdown(stopped()).into_future(),
-    );
+    let header_timeout = read_timeout()?;
+    let http_task = tokio::spawn(http::serve(http, http::router(Arc::clone(&server)), header_timeout, stopped()));
+    let metrics_task =
+        tokio::spawn(http::serve(metrics, http::metrics_router(Arc::clone(&server)), header_timeout, stopped()));
     let grpc_task = tokio::spawn(grpc::serve(grpc, Arc::clone(&server), stopped()));
     if args.model_control_mode == ControlMode::Poll {
         tokio::spawn(poll_repositories(
@@ -183,6 +180,19 @@ async fn serve(args: ServeArgs, server: Arc<Server>) -> Result<(), String> {
         tracing::warn!("requests still in flight after {}s: stopping anyway", args.exit_timeout_secs);
     }
     Ok(())
+}
+
+/// How long a client may take to send a request's head (`OPBRIDGE_SERVE_READ_TIMEOUT_MS`,
+/// default 30 s): a slowloris client holding connections open is cut off after it.
+fn read_timeout() -> Result<Duration, String> {
+    const VAR: &str = "OPBRIDGE_SERVE_READ_TIMEOUT_MS";
+    match std::env::var(VAR) {
+        Err(_) => Ok(Duration::from_secs(30)),
+        Ok(text) => match text.trim().parse::<u64>() {
+            Ok(ms) if ms > 0 => Ok(Duration::from_millis(ms)),
+            _ => Err(format!("{VAR} must be a positive number of milliseconds, got '{text}'")),
+        },
+    }
 }
 
 /// Poll mode: rescans the repositories every `every` until the server stops (the scan and

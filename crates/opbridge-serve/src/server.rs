@@ -3,7 +3,6 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
 
 use axum::http::HeaderMap;
 use serde_json::{json, Value};
@@ -84,7 +83,9 @@ fn unauthenticated() -> ServeError {
 fn check_token(token: &Option<Token>, presented: Option<&[u8]>) -> Result<()> {
     let Some(token) = token else { return Ok(()) };
     let presented = presented.ok_or_else(unauthenticated)?;
-    let bearer = presented.strip_prefix(b"Bearer ").ok_or_else(unauthenticated)?;
+    // RFC 7235: the scheme is case-insensitive; the token follows one or more spaces.
+    let scheme = presented.get(..7).filter(|s| s.eq_ignore_ascii_case(b"bearer ")).ok_or_else(unauthenticated)?;
+    let bearer = presented[scheme.len()..].trim_ascii_start();
     if token.matches(bearer) {
         Ok(())
     } else {
@@ -209,19 +210,6 @@ impl Server {
         };
         let stats: Vec<Value> = versions.iter().map(|v| version_stats(v)).collect();
         Ok(json!({ "model_stats": stats }))
-    }
-
-    /// Records the end of a request to a loaded model version.
-    pub fn finish(&self, model: &ModelVersion, outcome: std::result::Result<(), &ServeError>, started: Instant) {
-        let ns = started.elapsed().as_nanos() as u64;
-        model.stats.request_ns.fetch_add(ns, Ordering::Relaxed);
-        match outcome {
-            Ok(()) => model.stats.success.add(ns),
-            Err(error) => {
-                model.stats.fail.add(ns);
-                model.stats.failures.count(error);
-            }
-        }
     }
 
     /// Loads or unloads a model (explicit and poll modes), off the async runtime.
