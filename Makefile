@@ -6,7 +6,7 @@ RUFF   := $(VENV)/bin/ruff
 # The Python that ruff checks and formats: the package, its tests, benchmarks and tools.
 PY_SRC := python tests benchmarks tools
 
-.PHONY: setup build repository demo test test-rust test-python lint stubtest bench clean
+.PHONY: setup build repository demo test test-rust test-python lint stubtest bench bench-serve clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -74,5 +74,11 @@ bench: setup
 	$(PY) benchmarks/bench_bindings.py
 	cargo bench -p opbridge-runtime --bench pool
 
+# opbridge serve against MLServer (installed into benchmarks/.venv-mlserver on first use), with
+# tritonclient and the native load generator (benchmarks/loadgen). Not part of `bench`: it needs
+# the network once, for MLServer.
+bench-serve: build
+	OPBRIDGE_SERVE_BIN=target/release/opbridge-serve $(PY) benchmarks/bench_serve.py
+
 clean:
-	rm -rf $(VENV) target benchmarks/_build
+	rm -rf $(VENV) target benchmarks/_build benchmarks/.venv-mlserver

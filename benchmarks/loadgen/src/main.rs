@@ -75,6 +75,10 @@ struct Args {
     /// A label copied into the JSON line.
     #[arg(long, default_value = "")]
     label: String,
+    /// Server process whose CPU time (user + system, from `/proc/PID/stat`) is read around the
+    /// timed requests (repeatable: a server's processes are summed).
+    #[arg(long = "server-pid")]
+    server_pids: Vec<u32>,
 }
 
 /// What every request sends and every checked response must hold.
@@ -368,6 +372,24 @@ fn conn_closed(conn: &Conn) -> bool {
     }
 }
 
+/// CPU seconds (user + system) of `pids` so far, from `/proc/PID/stat`; `None` when unreadable.
+fn cpu_seconds(pids: &[u32]) -> Option<f64> {
+    // USER_HZ: the unit of /proc's tick counts, 100 on every Linux ABI the project builds for.
+    const TICKS_PER_SECOND: f64 = 100.0;
+    if pids.is_empty() {
+        return None;
+    }
+    let mut ticks = 0u64;
+    for pid in pids {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // Fields after the command's closing parenthesis: state is field 3, utime 14, stime 15.
+        let rest = &stat[stat.rfind(')')? + 2..];
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        ticks += fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    }
+    Some(ticks as f64 / TICKS_PER_SECOND)
+}
+
 fn percentile(sorted: &[u64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
@@ -383,9 +405,11 @@ async fn run(args: Args) -> Result<serde_json::Value, String> {
         conns.push(connect(&work).await?);
     }
     let (conns, warm) = phase(conns, &work, args.warmup, false).await;
+    let cpu_before = cpu_seconds(&args.server_pids);
     let started = Instant::now();
     let (_conns, mut tally) = phase(conns, &work, args.requests, true).await;
     let seconds = started.elapsed().as_secs_f64().max(1e-9);
+    let server_cpu = cpu_before.zip(cpu_seconds(&args.server_pids)).map(|(a, b)| b - a);
     tally.latencies_ns.sort_unstable();
     let ok = tally.latencies_ns.len();
     let lat = &tally.latencies_ns;
@@ -416,6 +440,8 @@ async fn run(args: Args) -> Result<serde_json::Value, String> {
         "payload_bytes_per_request": payload,
         "payload_gb_per_s": gbps,
         "payload_gb_per_s_per_connection": gbps / connections as f64,
+        "server_cpu_s": server_cpu,
+        "server_cpu_us_per_request": server_cpu.filter(|_| ok > 0).map(|s| s * 1e6 / ok as f64),
     }))
 }
 
