@@ -6,7 +6,7 @@ RUFF   := $(VENV)/bin/ruff
 # The Python that ruff checks and formats: the package, its tests, benchmarks and tools.
 PY_SRC := python tests benchmarks tools
 
-.PHONY: setup build repository demo test test-rust test-python lint stubtest bench bench-plot clean
+.PHONY: setup build repository demo test test-rust test-python lint stubtest bench bench-plot bench-serve clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -80,5 +80,11 @@ bench: setup
 bench-plot: setup $(SERVE_DEPS)
 	$(PY) -m opbridge bench --json docs/bench-cpu.json --plot docs/bench-cpu.png
 
+# opbridge serve against MLServer (installed into benchmarks/.venv-mlserver on first use), with
+# tritonclient and the native load generator (benchmarks/loadgen). Not part of `bench`: it needs
+# the network once, for MLServer.
+bench-serve: build
+	OPBRIDGE_SERVE_BIN=target/release/opbridge-serve $(PY) benchmarks/bench_serve.py
+
 clean:
-	rm -rf $(VENV) target benchmarks/_build
+	rm -rf $(VENV) target benchmarks/_build benchmarks/.venv-mlserver

@@ -56,8 +56,8 @@ pub struct ServeArgs {
     /// Log level (error, warn, info, debug, trace) or a tracing filter.
     #[arg(long, default_value = "info")]
     pub log_level: String,
-    /// Compute workers per model version.
-    #[arg(long, default_value_t = 2)]
+    /// Compute workers per model version (0: as many as the CPUs this process may use, at most 2).
+    #[arg(long, default_value_t = 0)]
     pub workers_per_model: usize,
     /// Requests queued per model version before 503 / UNAVAILABLE.
     #[arg(long, default_value_t = 1024)]

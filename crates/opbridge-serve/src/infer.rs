@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use opbridge_ops::dispatch;
+use opbridge_ops::dispatch::{self, HostOutputs};
 use opbridge_ops::schema::{AttrSpec, InputSpec};
-use opbridge_ops::{AttrValue, Meta};
-use opbridge_runtime::{DType, DeviceContext, HostBytes, StreamId, Tensor};
+use opbridge_ops::{AttrValue, Meta, Plan, TensorView};
+use opbridge_runtime::{DType, DeviceContext, DeviceKind, HostBytes, StreamId, Tensor};
 
 use crate::datatype::Datatype;
 use crate::error::{Code, Result, ServeError};
@@ -228,7 +228,7 @@ pub struct Prepared {
     inputs: Vec<Option<Arc<Tensor>>>,
     /// Per schema output: requested, and how.
     wanted: Vec<Option<Option<bool>>>,
-    plan_outputs: Vec<Meta>,
+    plan: Plan,
     decoded_at: Instant,
     input_ns: u64,
 }
@@ -381,7 +381,7 @@ pub fn prepare(model: &ModelVersion, request: InferRequest, max_input_bytes: usi
         attrs,
         inputs,
         wanted,
-        plan_outputs: plan.outputs,
+        plan,
         decoded_at: Instant::now(),
         input_ns: started.elapsed().as_nanos() as u64,
     })
@@ -459,19 +459,29 @@ pub fn execute(model: &ModelVersion, prepared: Prepared, stream: &opbridge_runti
     stats.compute_input.add(prepared.input_ns);
     let started = Instant::now();
     let ctx = DeviceContext::get(model.device)?;
-    let results = dispatch::launch(&model.entry, &prepared.attrs, &prepared.inputs, None, stream, ctx.pool())?;
-    drop(prepared.inputs);
-    stream.synchronize()?;
+    let results = if runs_inline(model, &prepared) {
+        run_inline(model, &prepared, ctx)?
+    } else {
+        let results = dispatch::launch(&model.entry, &prepared.attrs, &prepared.inputs, None, stream, ctx.pool())?;
+        stream.synchronize()?;
+        results
+            .into_iter()
+            .map(|tensor| {
+                Arc::try_unwrap(tensor)
+                    .map_err(|_| ServeError::internal("an output tensor is still shared after the call"))
+            })
+            .collect::<Result<Vec<_>>>()?
+    };
+    let Prepared { inputs, wanted, plan, .. } = prepared;
+    drop(inputs);
     stats.compute_infer.add(started.elapsed().as_nanos() as u64);
     let encoding = Instant::now();
     let schema = model.entry.schema();
     let mut outputs = Vec::new();
     for (k, tensor) in results.into_iter().enumerate() {
-        let Some(binary) = prepared.wanted[k] else { continue };
-        let tensor = Arc::try_unwrap(tensor)
-            .map_err(|_| ServeError::internal("an output tensor is still shared after the call"))?;
+        let Some(binary) = wanted[k] else { continue };
         let data = tensor.into_host_bytes().map_err(|failed| ServeError::from(failed.1))?;
-        let meta = &prepared.plan_outputs[k];
+        let meta = &plan.outputs[k];
         outputs.push(Output {
             name: schema.outputs[k].clone(),
             datatype: Datatype::of(meta.dtype),
@@ -529,6 +539,35 @@ impl Drop for Pending {
             stats.failures.canceled.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
     }
+}
+
+/// Whether the call runs on the calling compute worker itself: a CPU model whose inputs already
+/// have the kernel's dtypes. Otherwise it goes through the worker's stream (conversions, other
+/// devices).
+fn runs_inline(model: &ModelVersion, prepared: &Prepared) -> bool {
+    model.device.kind == DeviceKind::Cpu
+        && prepared
+            .inputs
+            .iter()
+            .zip(&prepared.plan.inputs)
+            .all(|(tensor, planned)| tensor.as_ref().map(|t| t.dtype()) == *planned)
+}
+
+/// Runs a CPU call right here, on the compute worker (`dispatch::run_host`: the same kernel a
+/// stream launch would run, so the same bits), instead of handing it to the stream's thread and
+/// waiting: two thread hand-offs less per request. The outputs are new pooled tensors.
+fn run_inline(model: &ModelVersion, prepared: &Prepared, ctx: &DeviceContext) -> Result<Vec<Tensor>> {
+    let outputs = prepared
+        .plan
+        .outputs
+        .iter()
+        .map(|meta| Tensor::empty(ctx, &meta.shape, meta.dtype, StreamId::HOST))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let inputs: Vec<Option<TensorView>> =
+        prepared.inputs.iter().map(|t| t.as_deref().map(TensorView::of_tensor)).collect();
+    let views: Vec<TensorView> = outputs.iter().map(TensorView::of_tensor).collect();
+    dispatch::run_host(&model.entry, &prepared.attrs, &prepared.plan, &inputs, HostOutputs::New(&views), ctx.pool())?;
+    Ok(outputs)
 }
 
 /// Prepares and runs `request` on `model`'s executor; the awaitable result.

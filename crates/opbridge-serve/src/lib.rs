@@ -58,6 +58,16 @@ where
     }
 }
 
+/// `--workers-per-model`, 0 resolved: one per CPU this process may run on (its affinity mask,
+/// a container's CPU limit), at most 2. A worker per CPU beyond what the process can use only
+/// adds lock hand-offs and context switches: with one CPU, one worker.
+fn workers_per_model(flag: usize) -> usize {
+    match flag {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()).min(2),
+        n => n,
+    }
+}
+
 fn init_logging(args: &ServeArgs) {
     let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -94,7 +104,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         builtins,
         !args.no_builtins,
         repositories,
-        ExecOptions { workers: args.workers_per_model, queue: args.max_queue_size },
+        ExecOptions { workers: workers_per_model(args.workers_per_model), queue: args.max_queue_size },
     ));
     match args.model_control_mode {
         ControlMode::None | ControlMode::Poll => models.discover(true),
