@@ -21,6 +21,7 @@ import urllib.request
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pytest
@@ -53,7 +54,11 @@ class Served:
 
 
 def start_server(
-    *args: str, timeout: float = 30.0, free_ports: bool = True, env: dict[str, str] | None = None
+    *args: str,
+    timeout: float = 30.0,
+    free_ports: bool = True,
+    env: dict[str, str] | None = None,
+    stderr: Any = subprocess.DEVNULL,
 ) -> Served:
     """`opbridge serve` with `args`, after port flags of 0 unless `free_ports` is False (`args` name the ports)."""
     cmd = [sys.executable, "-m", "opbridge", "serve"]
@@ -62,7 +67,7 @@ def start_server(
     process = subprocess.Popen(
         [*cmd, *args],
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=stderr,
         text=True,
         start_new_session=True,
         env={**os.environ, **(env or {})},
@@ -767,3 +772,32 @@ def test_client_gone_mid_request_counts_as_canceled(server: Served) -> None:
     while failures(server, "matmul", "CANCELED") == before and time.monotonic() < deadline:
         time.sleep(0.1)
     assert failures(server, "matmul", "CANCELED") > before
+
+
+def test_json_logs_carry_the_request_id(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    log_path = tmp_path / "server.log"
+    with open(log_path, "w") as log:
+        served = start_server("--log-format", "json", "--log-level", "debug", stderr=log)
+        try:
+            client = th.InferenceServerClient(served.http)
+            x = np.ones((2, 3), np.float32)
+            tensor = th.InferInput("x", list(x.shape), "FP32")
+            tensor.set_data_from_numpy(x)
+            client.infer("softmax", [tensor], request_id="trace-me-42", parameters={"axis": -1})
+            with pytest.raises(InferenceServerException):
+                client.infer("softmax", [tensor], request_id="bad-7", parameters={"colour": 1})
+            grpc = tg.InferenceServerClient(served.grpc)
+            g = tg.InferInput("x", list(x.shape), "FP32")
+            g.set_data_from_numpy(x)
+            grpc.infer("softmax", [g], request_id="grpc-9")
+        finally:
+            assert stop_server(served) == 0
+    records = [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]
+    by_id = {r["fields"].get("id"): r for r in records if "id" in r.get("fields", {})}
+    done = by_id["trace-me-42"]
+    assert done["fields"]["message"] == "inference done" and done["fields"]["model"] == "softmax"
+    assert done["fields"]["protocol"] == "http" and done["fields"]["duration_us"] >= 0
+    refused = by_id["bad-7"]
+    assert refused["fields"]["message"] == "inference refused" and refused["fields"]["code"] == "400"
+    assert "colour" in refused["fields"]["error"]
+    assert by_id["grpc-9"]["fields"]["protocol"] == "grpc"

@@ -244,7 +244,8 @@ impl GrpcInferenceService for Service {
         let version = version_arg(&message.model_version).map_err(|e| self.reject("infer", e))?;
         let found = self.server.models.resolve(&message.model_name, version).map_err(|e| self.reject("infer", e))?;
         // Counted as CANCELED if the client cancels (tonic then drops this future).
-        let pending = infer::Pending::new(Arc::clone(&found), started);
+        let mut pending = infer::Pending::new(Arc::clone(&found), started, "grpc");
+        pending.identify(&message.id);
         let outcome = async {
             let (limit, raise) =
                 crate::http::request_limit(&found, self.server.limits.grpc_max_message_size, "--grpc-max-message-size");

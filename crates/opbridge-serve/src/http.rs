@@ -718,9 +718,10 @@ async fn infer_http(State(s): State<Arc<Server>>, p: ModelPath, headers: HeaderM
     };
     // From here on the request belongs to a loaded model version: counted in its statistics,
     // as CANCELED if the client goes away first (hyper then drops this future).
-    let pending = infer::Pending::new(Arc::clone(&found), started);
+    let mut pending = infer::Pending::new(Arc::clone(&found), started, "http");
     let outcome = async {
         let (request, binary_default) = parse_request(&s, &found, &headers, body)?;
+        pending.identify(&request.id);
         let id = request.id.clone();
         let outputs = infer::infer(Arc::clone(&found), request, s.limits.http_max_input_size).await?;
         Ok::<_, ServeError>(encode_response(&found, id, outputs, binary_default))

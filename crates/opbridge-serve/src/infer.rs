@@ -499,31 +499,51 @@ pub fn execute(model: &ModelVersion, prepared: Prepared, stream: &opbridge_runti
 }
 
 /// A request to a loaded model version, from the front end's side: finished once, as a success
-/// or a failure. Dropped unfinished (the client went away and the handler's future with it), it
-/// counts as a failure with Triton's reason CANCELED.
+/// or a failure, in the version's statistics and in the log (with the request's `id`). Dropped
+/// unfinished (the client went away and the handler's future with it), it counts as a failure
+/// with Triton's reason CANCELED.
 #[derive(Debug)]
 pub struct Pending {
     model: Arc<ModelVersion>,
     started: Instant,
+    protocol: &'static str,
+    /// The request's `id`, once parsed ("" when it has none).
+    id: String,
     finished: bool,
 }
 
 impl Pending {
-    pub fn new(model: Arc<ModelVersion>, started: Instant) -> Pending {
-        Pending { model, started, finished: false }
+    pub fn new(model: Arc<ModelVersion>, started: Instant, protocol: &'static str) -> Pending {
+        Pending { model, started, protocol, id: String::new(), finished: false }
     }
 
-    /// Records the request's end in the version's statistics.
+    /// The request's `id`, for the log.
+    pub fn identify(&mut self, id: &str) {
+        self.id = truncate(id, 128);
+    }
+
+    /// Records the request's end in the version's statistics and the log.
     pub fn finish(mut self, outcome: std::result::Result<(), &ServeError>) {
         self.finished = true;
         let stats = &self.model.stats;
         let ns = self.started.elapsed().as_nanos() as u64;
         stats.request_ns.fetch_add(ns, std::sync::atomic::Ordering::Relaxed);
+        let (model, version, id, protocol, duration_us) =
+            (&self.model.model, self.model.version, &self.id, self.protocol, ns / 1000);
         match outcome {
-            Ok(()) => stats.success.add(ns),
+            Ok(()) => {
+                stats.success.add(ns);
+                tracing::debug!(model, version, id, protocol, duration_us, "inference done");
+            }
             Err(error) => {
                 stats.fail.add(ns);
                 stats.failures.count(error);
+                let (code, error) = (error.label(), &error.message);
+                if code == "500" {
+                    tracing::error!(model, version, id, protocol, duration_us, code, error, "inference failed");
+                } else {
+                    tracing::info!(model, version, id, protocol, duration_us, code, error, "inference refused");
+                }
             }
         }
     }
@@ -537,6 +557,8 @@ impl Drop for Pending {
             stats.request_ns.fetch_add(ns, std::sync::atomic::Ordering::Relaxed);
             stats.fail.add(ns);
             stats.failures.canceled.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let (model, version, id, protocol) = (&self.model.model, self.model.version, &self.id, self.protocol);
+            tracing::info!(model, version, id, protocol, "inference canceled: the client went away");
         }
     }
 }
