@@ -137,7 +137,7 @@ fn call_args<'a>(
 ) -> Vec<(&'static str, Arg)> {
     let mut args = vec![
         ("version", entry.schema().version.into()),
-        ("device", device.to_string().into()),
+        ("device", device.into()),
         ("stream", if stream == StreamId::HOST { "inline".into() } else { stream.0.into() }),
     ];
     if profiler::record_shapes() {
@@ -388,7 +388,7 @@ pub fn launch(
                     "kernel",
                     name,
                     flow,
-                    vec![("device", device.to_string().into()), ("stream", stream_id.0.into())],
+                    vec![("device", device.into()), ("stream", stream_id.0.into())],
                 )
             });
             let scratch: &mut [u8] = match &workspace {

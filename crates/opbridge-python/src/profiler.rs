@@ -40,10 +40,10 @@ pub fn profiler_stop(py: Python<'_>) -> PyResult<Option<Bound<'_, PyTuple>>> {
             match value {
                 Arg::Int(v) => args.set_item(key, v)?,
                 Arg::Float(v) => args.set_item(key, v)?,
-                Arg::Str(v) => args.set_item(key, v)?,
+                other => args.set_item(key, other.to_text())?,
             }
         }
-        events.append((phase_code(e.phase), e.category, e.name, e.ts_ns, e.track, e.flow, args))?;
+        events.append((phase_code(e.phase), e.category, &*e.name, e.ts_ns, e.track, e.flow, args))?;
     }
     let tracks = PyList::empty(py);
     for (id, name, os_id) in recording.tracks {

@@ -82,6 +82,29 @@ pub enum Arg {
     Int(i64),
     Float(f64),
     Str(String),
+    /// A fixed text: no allocation while recording.
+    Static(&'static str),
+    /// A device, rendered (`cpu:0`) when the recording is read: no allocation while recording.
+    Device(crate::ids::DeviceId),
+}
+
+impl Arg {
+    /// The value as text, for a front end that writes it out (numbers as written by Rust).
+    pub fn to_text(&self) -> String {
+        match self {
+            Arg::Int(v) => v.to_string(),
+            Arg::Float(v) => v.to_string(),
+            Arg::Str(v) => v.clone(),
+            Arg::Static(v) => (*v).to_string(),
+            Arg::Device(d) => d.to_string(),
+        }
+    }
+}
+
+impl From<crate::ids::DeviceId> for Arg {
+    fn from(v: crate::ids::DeviceId) -> Arg {
+        Arg::Device(v)
+    }
 }
 
 impl From<usize> for Arg {
@@ -114,9 +137,9 @@ impl From<String> for Arg {
     }
 }
 
-impl From<&str> for Arg {
-    fn from(v: &str) -> Arg {
-        Arg::Str(v.to_string())
+impl From<&'static str> for Arg {
+    fn from(v: &'static str) -> Arg {
+        Arg::Static(v)
     }
 }
 
@@ -126,7 +149,7 @@ pub struct Event {
     pub phase: Phase,
     /// `op`, `kernel`, `copy`, `memory`, `sync`, `host_func`, `plugin`, `jit`, `user`.
     pub category: &'static str,
-    pub name: String,
+    pub name: Arc<str>,
     /// Nanoseconds since the profile started.
     pub ts_ns: u64,
     pub track: u64,
@@ -241,7 +264,7 @@ pub fn stop() -> Option<Recording> {
     gathered.sort_by_key(|e| e.ts_ns);
     // Ends without their begin (a span that began before this profile) are dropped; begins left
     // open are closed at the stop time, per track, innermost first.
-    let mut open: HashMap<u64, Vec<(&'static str, String)>> = HashMap::new();
+    let mut open: HashMap<u64, Vec<(&'static str, Arc<str>)>> = HashMap::new();
     let mut events = Vec::with_capacity(gathered.len());
     for e in gathered {
         match e.phase {
@@ -281,13 +304,20 @@ pub fn stop() -> Option<Recording> {
 
 /// Records one event on the calling thread's track (nothing when no profile is recording).
 pub fn record(phase: Phase, category: &'static str, name: &str, flow: u64, args: Vec<(&'static str, Arg)>) {
+    if active() {
+        record_named(phase, category, name.into(), flow, args);
+    }
+}
+
+/// [`record`] with the name already shared (a span's end reuses its begin's).
+fn record_named(phase: Phase, category: &'static str, name: Arc<str>, flow: u64, args: Vec<(&'static str, Arg)>) {
     if !active() {
         return;
     }
     let track = this_track();
     let session = SESSION.load(Ordering::Acquire);
     let ts_ns = now_ns().saturating_sub(STARTED_NS.load(Ordering::Acquire));
-    let event = Event { phase, category, name: name.to_string(), ts_ns, track, flow, args };
+    let event = Event { phase, category, name, ts_ns, track, flow, args };
     let _ = BUFFER.try_with(|cell| {
         let buffer = cell.get_or_init(|| {
             let buffer = Arc::new(Mutex::new(Buffer::default()));
@@ -316,7 +346,7 @@ pub fn new_flow() -> u64 {
 #[must_use = "the span ends when dropped"]
 pub struct Span {
     category: &'static str,
-    name: String,
+    name: Arc<str>,
     /// For an operator span while memory is profiled: its allocations are attributed to it.
     _allocations: Option<AllocationsBy>,
 }
@@ -354,16 +384,17 @@ impl Span {
         if flow_end != 0 {
             record(Phase::FlowEnd, category, name, flow_end, Vec::new());
         }
-        record(Phase::Begin, category, name, 0, args);
-        let allocations = if category == "op" { allocations_by(name) } else { None };
-        Span { category, name: name.to_string(), _allocations: allocations }
+        let name: Arc<str> = name.into();
+        record_named(Phase::Begin, category, Arc::clone(&name), 0, args);
+        let allocations = if category == "op" { allocations_by(&name) } else { None };
+        Span { category, name, _allocations: allocations }
     }
 }
 
 impl Drop for Span {
     fn drop(&mut self) {
         self._allocations.take();
-        record(Phase::End, self.category, &self.name, 0, Vec::new());
+        record_named(Phase::End, self.category, Arc::clone(&self.name), 0, Vec::new());
     }
 }
 

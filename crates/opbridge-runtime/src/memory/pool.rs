@@ -278,7 +278,7 @@ impl MemoryPool {
     /// A pool event's arguments: the request, and the pool's bytes after it.
     fn event_args(&self, state: &State, bytes: usize, stream: StreamId) -> Vec<(&'static str, profiler::Arg)> {
         vec![
-            ("device", self.device_id().to_string().into()),
+            ("device", self.device_id().into()),
             ("bytes", bytes.into()),
             ("stream", stream.0.into()),
             ("allocated_bytes", state.stats.allocated_bytes_current.into()),
@@ -568,7 +568,7 @@ impl MemoryPool {
     }
 
     pub fn empty_cache(&self) -> Result<()> {
-        let _span = profiler::span("memory", "empty_cache", || vec![("device", self.device_id().to_string().into())]);
+        let _span = profiler::span("memory", "empty_cache", || vec![("device", self.device_id().into())]);
         self.streams.drain_all()?;
         let mut state = self.lock();
         Self::process_pending(&mut state);
