@@ -450,7 +450,7 @@ mod tests {
         assert!(!active());
         let track = this_track();
         let mine: Vec<(Phase, &str)> =
-            recording.events.iter().filter(|e| e.track == track).map(|e| (e.phase, e.name.as_str())).collect();
+            recording.events.iter().filter(|e| e.track == track).map(|e| (e.phase, &*e.name)).collect();
         assert_eq!(
             mine,
             [
