@@ -947,3 +947,33 @@ pub fn metrics_router(server: Arc<Server>) -> Router {
         .layer(axum::middleware::map_response(json_errors))
         .with_state(server)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn non_finite_tokens_are_rewritten_outside_strings_only() {
+        assert_eq!(rewrite_non_finite(br#"{"id": "-Infinity", "data": [1, -2.5e3]}"#), None, "nothing to do: no copy");
+        let text = br#"{"id": "NaN \"Infinity\"", "data": [NaN, -Infinity, Infinity, 1]}"#;
+        let rewritten = rewrite_non_finite(text).expect("tokens to rewrite");
+        let value: Value = serde_json::from_slice(&rewritten).expect("valid JSON");
+        assert_eq!(value["id"], "NaN \"Infinity\"", "strings are left alone");
+        let data = value["data"].as_array().expect("an array");
+        assert!(non_finite(data[0].as_str().unwrap_or_default()).is_some_and(f64::is_nan));
+        assert_eq!(non_finite(data[1].as_str().unwrap_or_default()), Some(f64::NEG_INFINITY));
+        assert_eq!(non_finite(data[2].as_str().unwrap_or_default()), Some(f64::INFINITY));
+        assert_eq!(data[3], 1);
+    }
+
+    #[test]
+    fn floats_are_json_numbers_or_tritons_tokens() {
+        let mut out = String::new();
+        for x in [1.0, -0.5, 1e300, 1e-7, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            push_float(&mut out, x);
+            out.push(',');
+        }
+        push_float(&mut out, 0.1f32);
+        assert_eq!(out, "1.0,-0.5,1e300,1e-7,NaN,Infinity,-Infinity,0.1");
+    }
+}

@@ -544,3 +544,22 @@ pub async fn infer(model: Arc<ModelVersion>, request: InferRequest, max_input_by
     }))?;
     result.await.map_err(|_| ServeError::internal("the compute worker stopped before answering"))?
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn list_attributes_from_json_arrays_and_grpc_strings() {
+        let axes =
+            AttrSpec { name: "axes".into(), default: Some(AttrValue::None), doc: String::new(), takes_float: false };
+        assert_eq!(attr_value("m", &axes, &Param::Ints(vec![1, 0])), Ok(AttrValue::Ints(vec![1, 0])));
+        assert_eq!(attr_value("m", &axes, &Param::Str(" [1, 0] ".into())), Ok(AttrValue::Ints(vec![1, 0])));
+        assert_eq!(attr_value("m", &axes, &Param::Str("[]".into())), Ok(AttrValue::Ints(vec![])));
+        let axis = AttrSpec { default: Some(AttrValue::Int(-1)), ..axes };
+        let error = attr_value("m", &axis, &Param::Ints(vec![1, 2])).expect_err("a list for an int");
+        assert!(error.message.ends_with("got [1, 2]"), "{}", error.message);
+        let error = attr_value("m", &axis, &Param::Str("x".into())).expect_err("a string for an int");
+        assert!(error.message.ends_with("got \"x\""), "{}", error.message);
+    }
+}
