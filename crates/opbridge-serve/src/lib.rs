@@ -183,7 +183,8 @@ async fn serve(args: ServeArgs, server: Arc<Server>) -> Result<(), String> {
 }
 
 /// How long a client may take to send a request's head (`OPBRIDGE_SERVE_READ_TIMEOUT_MS`,
-/// default 30 s): a slowloris client holding connections open is cut off after it.
+/// default 30 s): a slowloris client holding connections open is cut off after it, and so is
+/// a keep-alive connection idle that long (hyper times the next head from the last answer).
 fn read_timeout() -> Result<Duration, String> {
     const VAR: &str = "OPBRIDGE_SERVE_READ_TIMEOUT_MS";
     match std::env::var(VAR) {
