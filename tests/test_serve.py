@@ -604,10 +604,16 @@ def test_list_attributes_over_http_and_grpc(http: th.InferenceServerClient, grpc
 def test_keep_alive_after_an_early_error(server: Served) -> None:
     conn = http_client.HTTPConnection(server.http, timeout=30)
     try:
-        for path in ["/v2/models/nope/infer", "/v2/models/add/versions/9/infer"]:
+        for path, status in [
+            ("/v2/models/nope/infer", 404),
+            ("/v2/models/add/versions/9/infer", 404),
+            ("/v2/models/add/versions/x/infer", 400),
+            ("/v2/no/such/route", 404),
+            ("/v2/health/live", 405),
+        ]:
             conn.request("POST", path, body=bytes(2_000_000))
             response = conn.getresponse()
-            assert response.status == 404 and "error" in json.loads(response.read())
+            assert response.status == status and "error" in json.loads(response.read()), path
             conn.request("POST", "/v2/models/neg/infer", body=NEG_ONE)
             response = conn.getresponse()
             assert response.status == 200 and json.loads(response.read())["outputs"][0]["data"] == [-1.0]

@@ -134,14 +134,13 @@ impl FromRequestParts<Arc<Server>> for ModelPath {
     }
 }
 
-async fn not_found(State(server): State<Arc<Server>>) -> Response {
-    answer(&server, Err(("other", ServeError::not_found("Not Found"))))
+async fn not_found(State(server): State<Arc<Server>>, headers: HeaderMap, body: Body) -> Response {
+    answer_unread(&server, "other", ServeError::not_found("Not Found"), body, &headers).await
 }
 
-async fn method_not_allowed(State(server): State<Arc<Server>>) -> Response {
+async fn method_not_allowed(State(server): State<Arc<Server>>, headers: HeaderMap, body: Body) -> Response {
     let error = ServeError::new(Code::InvalidArgument, "Method Not Allowed");
-    server.metrics.reject("http", "other", &error);
-    let mut response = error.into_response();
+    let mut response = answer_unread(&server, "other", error, body, &headers).await;
     *response.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
     response
 }
@@ -222,7 +221,11 @@ async fn answer_unread(
     body: Body,
     headers: &HeaderMap,
 ) -> Response {
-    let mut response = answer(s, Err((endpoint, error)));
+    drain_or_close(answer(s, Err((endpoint, error))), body, headers).await
+}
+
+/// `response` to a request whose body is still unread: see [`answer_unread`].
+async fn drain_or_close(mut response: Response, body: Body, headers: &HeaderMap) -> Response {
     let drained = match declared_length(headers) {
         Some(n) if n > DRAIN_MAX_BYTES => false,
         _ => {
@@ -697,8 +700,17 @@ fn json_str(text: &str) -> String {
 }
 
 /// `POST .../infer`, with or without a version.
-async fn infer_http(State(s): State<Arc<Server>>, p: ModelPath, headers: HeaderMap, body: Body) -> Response {
+async fn infer_http(
+    State(s): State<Arc<Server>>,
+    p: std::result::Result<ModelPath, Response>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     let started = Instant::now();
+    let p = match p {
+        Ok(p) => p,
+        Err(rejection) => return drain_or_close(rejection, body, &headers).await,
+    };
     // Auth and the model first: neither needs the body, which is then drained or abandoned.
     let front = s.authorize(&headers).and_then(|_| s.models.resolve(&p.model, p.version));
     let found = match front {
