@@ -37,7 +37,8 @@ impl std::fmt::Display for Param {
             Param::Uint(u) => write!(f, "{u}"),
             Param::Float(x) if x.is_nan() => f.write_str("NaN"),
             Param::Float(x) if x.is_infinite() => f.write_str(if *x > 0.0 { "Infinity" } else { "-Infinity" }),
-            Param::Float(x) => write!(f, "{x}"),
+            // Debug: the shortest text that reads back, with an exponent when that is shorter.
+            Param::Float(x) => write!(f, "{x:?}"),
             Param::Str(s) => write!(f, "{}", serde_json::Value::String(truncate(s, 64))),
             Param::Ints(v) => {
                 let items: Vec<String> = v.iter().map(i64::to_string).collect();
