@@ -2,8 +2,7 @@
 //! configuration, statistics). Every error is `{"error": "..."}` with Triton's status mapping.
 
 use std::convert::Infallible;
-use std::fmt::Write as _;
-use std::io::Read;
+use std::io::{Read, Write as _};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -644,54 +643,55 @@ fn raw_binary_request(model: &ModelVersion, body: Bytes) -> Result<(InferRequest
     Ok((InferRequest { inputs: vec![input], ..Default::default() }, true))
 }
 
-/// Writes a float as JSON, with Triton's tokens for the non-finite (what rapidjson writes and
-/// Python's `json` reads); serde_json would write `null`.
-fn push_float<T: std::fmt::Debug + Into<f64> + Copy>(out: &mut String, x: T) {
+/// Writes a number as JSON; for the non-finite, Triton's tokens (what rapidjson writes and
+/// Python's `json` reads), where serde_json would write `null`.
+fn push_number<T: serde::Serialize + Into<f64> + Copy>(out: &mut Vec<u8>, x: T) {
     let wide: f64 = x.into();
     if wide.is_nan() {
-        out.push_str("NaN");
+        out.extend_from_slice(b"NaN");
     } else if wide.is_infinite() {
-        out.push_str(if wide > 0.0 { "Infinity" } else { "-Infinity" });
+        out.extend_from_slice(if wide > 0.0 { b"Infinity" } else { b"-Infinity" });
     } else {
-        // Debug is the shortest text that reads back to the same value, with an exponent for
-        // very large or small ones: a JSON number.
-        let _ = write!(out, "{x:?}");
+        // serde_json's writer: the shortest text that reads back (f32 as f32), no allocation.
+        let _ = serde_json::to_writer(&mut *out, &x);
     }
 }
 
 /// An output's values as a flat JSON array.
-fn push_output_data(out: &mut String, output: &Output) {
+fn push_output_data(out: &mut Vec<u8>, output: &Output) {
     let bytes = output.bytes();
-    out.push('[');
+    out.push(b'[');
     let mut first = true;
-    let mut sep = |out: &mut String| {
+    let mut sep = |out: &mut Vec<u8>| {
         if !std::mem::take(&mut first) {
-            out.push(',');
+            out.push(b',');
         }
     };
     match output.datatype {
         Datatype::Fp16 => bytes.chunks_exact(2).for_each(|c| {
             sep(out);
-            push_float(out, half::f16::from_le_bytes([c[0], c[1]]).to_f32());
+            push_number(out, half::f16::from_le_bytes([c[0], c[1]]).to_f32());
         }),
         Datatype::Fp32 => bytes.chunks_exact(4).for_each(|c| {
             sep(out);
-            push_float(out, f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+            push_number(out, f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
         }),
         Datatype::Fp64 => bytes.chunks_exact(8).for_each(|c| {
             sep(out);
-            push_float(out, f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]));
+            push_number(out, f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]));
         }),
         Datatype::Int32 => bytes.chunks_exact(4).for_each(|c| {
             sep(out);
-            let _ = write!(out, "{}", i32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+            push_number(out, i32::from_le_bytes([c[0], c[1], c[2], c[3]]));
         }),
         _ => bytes.chunks_exact(8).for_each(|c| {
             sep(out);
-            let _ = write!(out, "{}", i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]));
+            // Integers are never non-finite (and i64 has no lossless f64).
+            let _ =
+                serde_json::to_writer(&mut *out, &i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]));
         }),
     }
-    out.push(']');
+    out.push(b']');
 }
 
 /// A JSON string literal.
@@ -758,15 +758,15 @@ pub(crate) fn request_limit(model: &ModelVersion, server_limit: usize, flag: &st
 /// NaN / Infinity.
 fn encode_response(model: &ModelVersion, id: String, outputs: Vec<Output>, binary_default: bool) -> Response {
     let mut chunks: Vec<Bytes> = Vec::new();
-    let mut header = String::with_capacity(256);
+    let mut header: Vec<u8> = Vec::with_capacity(256);
     let _ = write!(header, "{{\"model_name\":{},\"model_version\":\"{}\"", json_str(&model.model), model.version);
     if !id.is_empty() {
         let _ = write!(header, ",\"id\":{}", json_str(&id));
     }
-    header.push_str(",\"outputs\":[");
+    header.extend_from_slice(b",\"outputs\":[");
     for (k, output) in outputs.into_iter().enumerate() {
         if k > 0 {
-            header.push(',');
+            header.push(b',');
         }
         let shape: Vec<String> = output.shape.iter().map(usize::to_string).collect();
         let _ = write!(
@@ -780,12 +780,12 @@ fn encode_response(model: &ModelVersion, id: String, outputs: Vec<Output>, binar
             let _ = write!(header, ",\"parameters\":{{\"binary_data_size\":{}}}}}", output.bytes().len());
             chunks.push(Bytes::from_owner(output.data));
         } else {
-            header.push_str(",\"data\":");
+            header.extend_from_slice(b",\"data\":");
             push_output_data(&mut header, &output);
-            header.push('}');
+            header.push(b'}');
         }
     }
-    header.push_str("]}");
+    header.extend_from_slice(b"]}");
     let header = Bytes::from(header);
     if chunks.is_empty() {
         return json_response_bytes(header);
@@ -980,12 +980,12 @@ mod tests {
 
     #[test]
     fn floats_are_json_numbers_or_tritons_tokens() {
-        let mut out = String::new();
+        let mut out = Vec::new();
         for x in [1.0, -0.5, 1e300, 1e-7, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
-            push_float(&mut out, x);
-            out.push(',');
+            push_number(&mut out, x);
+            out.push(b',');
         }
-        push_float(&mut out, 0.1f32);
-        assert_eq!(out, "1.0,-0.5,1e300,1e-7,NaN,Infinity,-Infinity,0.1");
+        push_number(&mut out, 0.1f32);
+        assert_eq!(String::from_utf8_lossy(&out), "1.0,-0.5,1e+300,1e-7,NaN,Infinity,-Infinity,0.1");
     }
 }
