@@ -614,10 +614,16 @@ def test_list_attributes_over_http_and_grpc(http: th.InferenceServerClient, grpc
 def test_keep_alive_after_an_early_error(server: Served) -> None:
     conn = http_client.HTTPConnection(server.http, timeout=30)
     try:
-        for path in ["/v2/models/nope/infer", "/v2/models/add/versions/9/infer"]:
+        for path, status in [
+            ("/v2/models/nope/infer", 404),
+            ("/v2/models/add/versions/9/infer", 404),
+            ("/v2/models/add/versions/x/infer", 400),
+            ("/v2/no/such/route", 404),
+            ("/v2/health/live", 405),
+        ]:
             conn.request("POST", path, body=bytes(2_000_000))
             response = conn.getresponse()
-            assert response.status == 404 and "error" in json.loads(response.read())
+            assert response.status == status and "error" in json.loads(response.read()), path
             conn.request("POST", "/v2/models/neg/infer", body=NEG_ONE)
             response = conn.getresponse()
             assert response.status == 200 and json.loads(response.read())["outputs"][0]["data"] == [-1.0]
@@ -747,31 +753,74 @@ def failures(server: Served, model: str, reason: str) -> int:
     return sum(int(n) for n in found)
 
 
-def test_client_gone_mid_request_counts_as_canceled(server: Served) -> None:
-    big = np.ones((768, 768), np.float32)
-    inputs = [
-        {"name": n, "shape": [768, 768], "datatype": "FP32", "parameters": {"binary_data_size": big.nbytes}}
-        for n in ("a", "b")
-    ]
-    header = json.dumps({"inputs": inputs}).encode()
-    body = header + big.tobytes() * 2
-    head = (
-        "POST /v2/models/matmul/infer HTTP/1.1\r\nHost: x\r\n"
-        f"Inference-Header-Content-Length: {len(header)}\r\nContent-Length: {len(body)}\r\n\r\n"
-    ).encode()
-    before = failures(server, "matmul", "CANCELED")
-    host, port = server.http.rsplit(":", 1)
-    sockets = []
-    for _ in range(4):  # queued behind each other: most are still waiting when their client leaves
-        s = socket.create_connection((host, int(port)), timeout=30)
-        s.sendall(head + body)
-        sockets.append(s)
-    for s in sockets:
-        s.close()
-    deadline = time.monotonic() + 15
-    while failures(server, "matmul", "CANCELED") == before and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert failures(server, "matmul", "CANCELED") > before
+def pending_requests(server: Served, model: str) -> int:
+    _, text = get(f"http://{server.metrics}/metrics")
+    pattern = rf'nv_inference_pending_request_count\{{model="{model}",version="\d+"\}} (\d+)'
+    return sum(int(n) for n in re.findall(pattern, text.decode()))
+
+
+def wait_for(condition, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def test_client_gone_mid_request_counts_as_canceled() -> None:
+    # One worker and large matmuls (about 0.1 s each): requests wait in the queue, where their
+    # clients leave them.
+    served = start_server("--workers-per-model", "1")
+    try:
+        n = 1536
+        big = np.ones((n, n), np.float32)
+        inputs = [
+            {"name": name, "shape": [n, n], "datatype": "FP32", "parameters": {"binary_data_size": big.nbytes}}
+            for name in ("a", "b")
+        ]
+        header = json.dumps({"inputs": inputs}).encode()
+        body = header + big.tobytes() * 2
+        head = (
+            "POST /v2/models/matmul/infer HTTP/1.1\r\nHost: x\r\n"
+            f"Inference-Header-Content-Length: {len(header)}\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        host, port = served.http.rsplit(":", 1)
+        # HTTP: the connection dropped while the request is queued.
+        sockets = []
+        for _ in range(4):
+            s = socket.create_connection((host, int(port)), timeout=30)
+            s.sendall(head + body)
+            sockets.append(s)
+        assert wait_for(lambda: pending_requests(served, "matmul") >= 2)
+        for s in sockets:
+            s.close()
+        assert wait_for(lambda: failures(served, "matmul", "CANCELED") >= 1)
+        assert wait_for(lambda: pending_requests(served, "matmul") == 0)
+        # gRPC: small calls queued behind large HTTP requests, cancelled there.
+        blockers = []
+        for _ in range(3):
+            s = socket.create_connection((host, int(port)), timeout=30)
+            s.sendall(head + body)
+            blockers.append(s)
+        assert wait_for(lambda: pending_requests(served, "matmul") >= 2)
+        before = failures(served, "matmul", "CANCELED")
+        client = tg.InferenceServerClient(served.grpc)
+        try:
+            small = {"a": np.ones((4, 4), np.float32), "b": np.ones((4, 4), np.float32)}
+            calls = [
+                client.async_infer("matmul", grpc_inputs(small), callback=lambda result, error: None) for _ in range(4)
+            ]
+            assert wait_for(lambda: pending_requests(served, "matmul") >= 3)
+            for call in calls:
+                call.cancel()
+            assert wait_for(lambda: failures(served, "matmul", "CANCELED") > before)
+        finally:
+            client.close()
+            for s in blockers:
+                s.close()
+    finally:
+        assert stop_server(served) == 0
 
 
 def test_json_logs_carry_the_request_id(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -2,8 +2,7 @@
 //! configuration, statistics). Every error is `{"error": "..."}` with Triton's status mapping.
 
 use std::convert::Infallible;
-use std::fmt::Write as _;
-use std::io::Read;
+use std::io::{Read, Write as _};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -134,14 +133,13 @@ impl FromRequestParts<Arc<Server>> for ModelPath {
     }
 }
 
-async fn not_found(State(server): State<Arc<Server>>) -> Response {
-    answer(&server, Err(("other", ServeError::not_found("Not Found"))))
+async fn not_found(State(server): State<Arc<Server>>, headers: HeaderMap, body: Body) -> Response {
+    answer_unread(&server, "other", ServeError::not_found("Not Found"), body, &headers).await
 }
 
-async fn method_not_allowed(State(server): State<Arc<Server>>) -> Response {
+async fn method_not_allowed(State(server): State<Arc<Server>>, headers: HeaderMap, body: Body) -> Response {
     let error = ServeError::new(Code::InvalidArgument, "Method Not Allowed");
-    server.metrics.reject("http", "other", &error);
-    let mut response = error.into_response();
+    let mut response = answer_unread(&server, "other", error, body, &headers).await;
     *response.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
     response
 }
@@ -222,7 +220,11 @@ async fn answer_unread(
     body: Body,
     headers: &HeaderMap,
 ) -> Response {
-    let mut response = answer(s, Err((endpoint, error)));
+    drain_or_close(answer(s, Err((endpoint, error))), body, headers).await
+}
+
+/// `response` to a request whose body is still unread: see [`answer_unread`].
+async fn drain_or_close(mut response: Response, body: Body, headers: &HeaderMap) -> Response {
     let drained = match declared_length(headers) {
         Some(n) if n > DRAIN_MAX_BYTES => false,
         _ => {
@@ -641,54 +643,55 @@ fn raw_binary_request(model: &ModelVersion, body: Bytes) -> Result<(InferRequest
     Ok((InferRequest { inputs: vec![input], ..Default::default() }, true))
 }
 
-/// Writes a float as JSON, with Triton's tokens for the non-finite (what rapidjson writes and
-/// Python's `json` reads); serde_json would write `null`.
-fn push_float<T: std::fmt::Debug + Into<f64> + Copy>(out: &mut String, x: T) {
+/// Writes a number as JSON; for the non-finite, Triton's tokens (what rapidjson writes and
+/// Python's `json` reads), where serde_json would write `null`.
+fn push_number<T: serde::Serialize + Into<f64> + Copy>(out: &mut Vec<u8>, x: T) {
     let wide: f64 = x.into();
     if wide.is_nan() {
-        out.push_str("NaN");
+        out.extend_from_slice(b"NaN");
     } else if wide.is_infinite() {
-        out.push_str(if wide > 0.0 { "Infinity" } else { "-Infinity" });
+        out.extend_from_slice(if wide > 0.0 { b"Infinity" } else { b"-Infinity" });
     } else {
-        // Debug is the shortest text that reads back to the same value, with an exponent for
-        // very large or small ones: a JSON number.
-        let _ = write!(out, "{x:?}");
+        // serde_json's writer: the shortest text that reads back (f32 as f32), no allocation.
+        let _ = serde_json::to_writer(&mut *out, &x);
     }
 }
 
 /// An output's values as a flat JSON array.
-fn push_output_data(out: &mut String, output: &Output) {
+fn push_output_data(out: &mut Vec<u8>, output: &Output) {
     let bytes = output.bytes();
-    out.push('[');
+    out.push(b'[');
     let mut first = true;
-    let mut sep = |out: &mut String| {
+    let mut sep = |out: &mut Vec<u8>| {
         if !std::mem::take(&mut first) {
-            out.push(',');
+            out.push(b',');
         }
     };
     match output.datatype {
         Datatype::Fp16 => bytes.chunks_exact(2).for_each(|c| {
             sep(out);
-            push_float(out, half::f16::from_le_bytes([c[0], c[1]]).to_f32());
+            push_number(out, half::f16::from_le_bytes([c[0], c[1]]).to_f32());
         }),
         Datatype::Fp32 => bytes.chunks_exact(4).for_each(|c| {
             sep(out);
-            push_float(out, f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+            push_number(out, f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
         }),
         Datatype::Fp64 => bytes.chunks_exact(8).for_each(|c| {
             sep(out);
-            push_float(out, f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]));
+            push_number(out, f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]));
         }),
         Datatype::Int32 => bytes.chunks_exact(4).for_each(|c| {
             sep(out);
-            let _ = write!(out, "{}", i32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+            push_number(out, i32::from_le_bytes([c[0], c[1], c[2], c[3]]));
         }),
         _ => bytes.chunks_exact(8).for_each(|c| {
             sep(out);
-            let _ = write!(out, "{}", i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]));
+            // Integers are never non-finite (and i64 has no lossless f64).
+            let _ =
+                serde_json::to_writer(&mut *out, &i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]));
         }),
     }
-    out.push(']');
+    out.push(b']');
 }
 
 /// A JSON string literal.
@@ -697,8 +700,17 @@ fn json_str(text: &str) -> String {
 }
 
 /// `POST .../infer`, with or without a version.
-async fn infer_http(State(s): State<Arc<Server>>, p: ModelPath, headers: HeaderMap, body: Body) -> Response {
+async fn infer_http(
+    State(s): State<Arc<Server>>,
+    p: std::result::Result<ModelPath, Response>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     let started = Instant::now();
+    let p = match p {
+        Ok(p) => p,
+        Err(rejection) => return drain_or_close(rejection, body, &headers).await,
+    };
     // Auth and the model first: neither needs the body, which is then drained or abandoned.
     let front = s.authorize(&headers).and_then(|_| s.models.resolve(&p.model, p.version));
     let found = match front {
@@ -747,15 +759,15 @@ pub(crate) fn request_limit(model: &ModelVersion, server_limit: usize, flag: &st
 /// NaN / Infinity.
 fn encode_response(model: &ModelVersion, id: String, outputs: Vec<Output>, binary_default: bool) -> Response {
     let mut chunks: Vec<Bytes> = Vec::new();
-    let mut header = String::with_capacity(256);
+    let mut header: Vec<u8> = Vec::with_capacity(256);
     let _ = write!(header, "{{\"model_name\":{},\"model_version\":\"{}\"", json_str(&model.model), model.version);
     if !id.is_empty() {
         let _ = write!(header, ",\"id\":{}", json_str(&id));
     }
-    header.push_str(",\"outputs\":[");
+    header.extend_from_slice(b",\"outputs\":[");
     for (k, output) in outputs.into_iter().enumerate() {
         if k > 0 {
-            header.push(',');
+            header.push(b',');
         }
         let shape: Vec<String> = output.shape.iter().map(usize::to_string).collect();
         let _ = write!(
@@ -769,12 +781,12 @@ fn encode_response(model: &ModelVersion, id: String, outputs: Vec<Output>, binar
             let _ = write!(header, ",\"parameters\":{{\"binary_data_size\":{}}}}}", output.bytes().len());
             chunks.push(Bytes::from_owner(output.data));
         } else {
-            header.push_str(",\"data\":");
+            header.extend_from_slice(b",\"data\":");
             push_output_data(&mut header, &output);
-            header.push('}');
+            header.push(b'}');
         }
     }
-    header.push_str("]}");
+    header.extend_from_slice(b"]}");
     let header = Bytes::from(header);
     if chunks.is_empty() {
         return json_response_bytes(header);
@@ -947,4 +959,34 @@ pub fn metrics_router(server: Arc<Server>) -> Router {
         .fallback(|| async { ServeError::not_found("Not Found").into_response() })
         .layer(axum::middleware::map_response(json_errors))
         .with_state(server)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn non_finite_tokens_are_rewritten_outside_strings_only() {
+        assert_eq!(rewrite_non_finite(br#"{"id": "-Infinity", "data": [1, -2.5e3]}"#), None, "nothing to do: no copy");
+        let text = br#"{"id": "NaN \"Infinity\"", "data": [NaN, -Infinity, Infinity, 1]}"#;
+        let rewritten = rewrite_non_finite(text).expect("tokens to rewrite");
+        let value: Value = serde_json::from_slice(&rewritten).expect("valid JSON");
+        assert_eq!(value["id"], "NaN \"Infinity\"", "strings are left alone");
+        let data = value["data"].as_array().expect("an array");
+        assert!(non_finite(data[0].as_str().unwrap_or_default()).is_some_and(f64::is_nan));
+        assert_eq!(non_finite(data[1].as_str().unwrap_or_default()), Some(f64::NEG_INFINITY));
+        assert_eq!(non_finite(data[2].as_str().unwrap_or_default()), Some(f64::INFINITY));
+        assert_eq!(data[3], 1);
+    }
+
+    #[test]
+    fn floats_are_json_numbers_or_tritons_tokens() {
+        let mut out = Vec::new();
+        for x in [1.0, -0.5, 1e300, 1e-7, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            push_number(&mut out, x);
+            out.push(b',');
+        }
+        push_number(&mut out, 0.1f32);
+        assert_eq!(String::from_utf8_lossy(&out), "1.0,-0.5,1e+300,1e-7,NaN,Infinity,-Infinity,0.1");
+    }
 }

@@ -37,7 +37,8 @@ impl std::fmt::Display for Param {
             Param::Uint(u) => write!(f, "{u}"),
             Param::Float(x) if x.is_nan() => f.write_str("NaN"),
             Param::Float(x) if x.is_infinite() => f.write_str(if *x > 0.0 { "Infinity" } else { "-Infinity" }),
-            Param::Float(x) => write!(f, "{x}"),
+            // Debug: the shortest text that reads back, with an exponent when that is shorter.
+            Param::Float(x) => write!(f, "{x:?}"),
             Param::Str(s) => write!(f, "{}", serde_json::Value::String(truncate(s, 64))),
             Param::Ints(v) => {
                 let items: Vec<String> = v.iter().map(i64::to_string).collect();
@@ -604,4 +605,23 @@ pub async fn infer(model: Arc<ModelVersion>, request: InferRequest, max_input_by
         let _ = reply.send(outcome);
     }))?;
     result.await.map_err(|_| ServeError::internal("the compute worker stopped before answering"))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn list_attributes_from_json_arrays_and_grpc_strings() {
+        let axes =
+            AttrSpec { name: "axes".into(), default: Some(AttrValue::None), doc: String::new(), takes_float: false };
+        assert_eq!(attr_value("m", &axes, &Param::Ints(vec![1, 0])), Ok(AttrValue::Ints(vec![1, 0])));
+        assert_eq!(attr_value("m", &axes, &Param::Str(" [1, 0] ".into())), Ok(AttrValue::Ints(vec![1, 0])));
+        assert_eq!(attr_value("m", &axes, &Param::Str("[]".into())), Ok(AttrValue::Ints(vec![])));
+        let axis = AttrSpec { default: Some(AttrValue::Int(-1)), ..axes };
+        let error = attr_value("m", &axis, &Param::Ints(vec![1, 2])).expect_err("a list for an int");
+        assert!(error.message.ends_with("got [1, 2]"), "{}", error.message);
+        let error = attr_value("m", &axis, &Param::Str("x".into())).expect_err("a string for an int");
+        assert!(error.message.ends_with("got \"x\""), "{}", error.message);
+    }
 }

@@ -141,6 +141,7 @@ async fn bind(host: &str, port: u16, what: &str) -> Result<TcpListener, String> 
 async fn serve(args: ServeArgs, server: Arc<Server>) -> Result<(), String> {
     // Handlers first: a SIGTERM sent right after the ready line must drain, not kill.
     let signals = install_signals()?;
+    let header_timeout = read_timeout()?;
     let http = bind(&args.host, args.http_port, "HTTP").await?;
     let grpc = bind(&args.host, args.grpc_port, "gRPC").await?;
     let metrics = bind(&args.host, args.metrics_port, "metrics").await?;
@@ -155,7 +156,6 @@ async fn serve(args: ServeArgs, server: Arc<Server>) -> Result<(), String> {
             let _ = rx.wait_for(|stop| *stop).await;
         }
     };
-    let header_timeout = read_timeout()?;
     let http_task = tokio::spawn(http::serve(http, http::router(Arc::clone(&server)), header_timeout, stopped()));
     let metrics_task =
         tokio::spawn(http::serve(metrics, http::metrics_router(Arc::clone(&server)), header_timeout, stopped()));
@@ -193,7 +193,8 @@ async fn serve(args: ServeArgs, server: Arc<Server>) -> Result<(), String> {
 }
 
 /// How long a client may take to send a request's head (`OPBRIDGE_SERVE_READ_TIMEOUT_MS`,
-/// default 30 s): a slowloris client holding connections open is cut off after it.
+/// default 30 s): a slowloris client holding connections open is cut off after it, and so is
+/// a keep-alive connection idle that long (hyper times the next head from the last answer).
 fn read_timeout() -> Result<Duration, String> {
     const VAR: &str = "OPBRIDGE_SERVE_READ_TIMEOUT_MS";
     match std::env::var(VAR) {

@@ -295,3 +295,21 @@ fn version_stats(v: &ModelVersion) -> Value {
         "memory_usage": [],
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive_and_the_token_exact() {
+        let token = Some(Token::new("s3cret\n"));
+        for header in ["Bearer s3cret", "bearer s3cret", "BEARER  s3cret"] {
+            assert!(check_token(&token, Some(header.as_bytes())).is_ok(), "{header}");
+        }
+        for header in ["Bearer wrong", "Bearer s3cret2", "Basic s3cret", "Bearers3cret", "Bearer", ""] {
+            assert!(check_token(&token, Some(header.as_bytes())).is_err(), "{header}");
+        }
+        assert!(check_token(&token, None).is_err());
+        assert!(check_token(&None, None).is_ok(), "no token configured: open");
+    }
+}
