@@ -74,8 +74,20 @@ def test_quick_bench_writes_json_and_a_png(tmp_path: Path) -> None:
     assert decode_png(out_png.read_bytes()) == (round(3 * PANEL_WIDTH_IN * DPI), round(FIGURE_HEIGHT_IN * DPI))
 
 
-def test_usage_errors_exit_2() -> None:
-    for args in (["--ops", "add,nope"], ["--sizes", "12Q"], ["--sizes", "0"], ["--device", "npu:3"], ["--bogus"]):
+def test_usage_errors_exit_2(tmp_path: Path) -> None:
+    for args in (
+        ["--ops", "add,nope"],
+        ["--ops", ",,"],
+        ["--sizes", ""],
+        ["--sizes", "12Q"],
+        ["--sizes", "0"],
+        ["--ops", "matmul", "--sizes", "256M"],
+        ["--device", "npu:3"],
+        ["--json", str(tmp_path / "missing" / "out.json")],
+        ["--json", str(tmp_path)],
+        ["--plot", str(tmp_path / "plot.txt")],
+        ["--bogus"],
+    ):
         done = bench("--quick", *args)
         assert done.returncode == 2, (args, done.stdout, done.stderr)
         assert done.stderr.strip(), args

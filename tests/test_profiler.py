@@ -216,7 +216,9 @@ def test_memory_snapshot_agrees_with_the_pool_stats_and_names_the_allocating_op(
         assert seg["device"] == "cpu:0"
     in_use = [b for b in blocks if b["state"] in ("allocated", "pending")]
     assert sum(b["size"] for b in in_use) == stats["allocated_bytes.current"]
-    assert sum(b["state"] == "cached" for b in blocks) <= stats["free_blocks"] + len(blocks)
+    assert sum(b["size"] for b in blocks if b["state"] == "cached") == (
+        stats["reserved_bytes.current"] - stats["allocated_bytes.current"]
+    )
     ops = {b["op"] for b in in_use}
     assert {"softmax", "exp"} <= ops, ops
     summary = ob.memory_summary()
@@ -225,3 +227,29 @@ def test_memory_snapshot_agrees_with_the_pool_stats_and_names_the_allocating_op(
     ob.synchronize()
     after = ob.memory_snapshot()
     assert not any(b["op"] in ("softmax", "exp") and b["state"] == "allocated" for s in after for b in s["blocks"])
+
+
+def test_leaving_a_profile_keeps_the_users_asynchronous_errors() -> None:
+    def boom() -> None:
+        raise ValueError("boom in a host function")
+
+    s = ob.Stream()
+    with ob.profiler.profile():
+        s.launch_host_func(boom)
+    with pytest.raises(ob.DeviceError, match="boom"):
+        s.synchronize()
+
+
+def test_reading_a_profile_while_it_records_is_an_error_and_a_restart_starts_afresh() -> None:
+    a = np.ones(4, np.float32)
+    prof = ob.profiler.profile()
+    with prof:
+        ob.ops.add(a, a)
+        with pytest.raises(RuntimeError, match="still recording"):
+            prof.key_averages()
+        with pytest.raises(RuntimeError, match="still recording"):
+            prof.chrome_trace()
+    assert [r.key for r in prof.key_averages()] == ["add"]
+    with prof:
+        ob.ops.mul(a, a)
+    assert [r.key for r in prof.key_averages()] == ["mul"]

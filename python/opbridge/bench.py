@@ -95,6 +95,10 @@ DEFAULT_SIZES = ("1K", "64K", "1M", "4M")
 QUICK_SIZES = ("256", "4K")
 
 
+# The largest size per op: matmul's size is its element count (side = sqrt), so 16M is 4096².
+MAX_ELEMENTS = {"matmul": 16 << 20}
+
+
 def parse_size(text: str) -> int:
     match = re.fullmatch(r"\s*(\d+)\s*([KkMmGg]?)\s*", text)
     if match is None:
@@ -180,6 +184,11 @@ def run(
     if unknown:
         raise ValueError(f"unknown op(s) {', '.join(unknown)}; choose from {', '.join(table)}")
     elements = [(size, parse_size(size)) for size in sizes]
+    for op in ops:
+        limit = MAX_ELEMENTS.get(op)
+        for size, n in elements:
+            if limit is not None and n > limit:
+                raise ValueError(f"{op} at {size}: at most {limit >> 20}M elements (a {int(limit**0.5)}² matrix)")
     total = len(ops) * len(elements) + 1
     if progress:
         progress(0, total, "memory bandwidth")
@@ -297,6 +306,20 @@ def plot(report: dict[str, Any], path: str) -> tuple[int, int]:
     return int(round(width * DPI)), int(round(height * DPI))
 
 
+def _unwritable(path: str) -> str | None:
+    """Why a results file cannot be written at `path`, or None."""
+    import os
+
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        return "is a folder"
+    if not os.path.isdir(folder):
+        return f"no folder {folder}"
+    if not os.access(folder, os.W_OK):
+        return f"folder {folder} is not writable"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="opbridge bench", description="opbridge's operators against numpy.")
     parser.add_argument(
@@ -308,14 +331,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--plot", metavar="PATH", help="write a PNG plot (needs matplotlib)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes and short timings (a smoke run)")
     args = parser.parse_args(argv)
+    # Everything that could fail after minutes of measuring is checked first.
+    for flag, path, suffixes in (("--json", args.json, None), ("--plot", args.plot, (".png", ".svg", ".pdf"))):
+        if path is None:
+            continue
+        problem = _unwritable(path)
+        if problem is None and suffixes and not path.lower().endswith(suffixes):
+            problem = f"use one of {', '.join(suffixes)}"
+        if problem is not None:
+            sys.stderr.write(f"opbridge bench: {flag} {path}: {problem}\n")
+            return 2
     if args.plot:
         try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            sys.stderr.write(f"opbridge bench: --plot: {PLOT_HINT}\n")
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot  # noqa: F401
+        except Exception as e:  # noqa: BLE001  (missing or broken: either way, no plot)
+            sys.stderr.write(f"opbridge bench: --plot: {PLOT_HINT} ({type(e).__name__}: {e})\n")
             return 2
     ops = [op.strip() for op in args.ops.split(",") if op.strip()]
-    sizes = [s.strip() for s in (args.sizes or ",".join(QUICK_SIZES if args.quick else DEFAULT_SIZES)).split(",")]
+    if args.sizes is None:
+        sizes = list(QUICK_SIZES if args.quick else DEFAULT_SIZES)
+    else:
+        sizes = [size.strip() for size in args.sizes.split(",") if size.strip()]
+    if not ops or not sizes:
+        sys.stderr.write(f"opbridge bench: {'--ops' if not ops else '--sizes'} names nothing to run\n")
+        return 2
     progress = None
     if sys.stderr.isatty():
 

@@ -108,7 +108,8 @@ class Report:
         lines = [f"{'STATUS':<8} {'CHECK':<{width}}  FOUND"]
         for c in self.checks:
             status = c.status.upper() if c.status in ("warn", "fail") else c.status
-            lines.append(f"{status:<8} {c.name:<{width}}  {c.found}")
+            found = " ".join(c.found.split())  # one line per check, whatever the text holds
+            lines.append(f"{status:<8} {c.name:<{width}}  {found}")
             if c.fix:
                 lines.append(f"{'':<8} {'':<{width}}  fix: {c.fix}")
         counts = self.summary
@@ -264,7 +265,7 @@ def _calibration() -> Check:
     from . import tuning
 
     path = tuning.thresholds_path()
-    if not path.is_file():
+    if not os.path.lexists(path):
         return Check(
             "cpu",
             "calibration",
@@ -272,9 +273,30 @@ def _calibration() -> Check:
             f"no calibration file ({path}): the reference machine's thresholds are in force",
             f"measure them here (about a second): {RECALIBRATE}",
         )
+    # Read the way `import opbridge` does: a file it ignores is reported as such.
     try:
-        measured_on = json.loads(tuning.identity_path().read_text())
-    except (OSError, ValueError):
+        saved = json.loads(tuning._read_small_regular_file(path))
+    except (OSError, ValueError, RecursionError) as e:
+        return Check(
+            "cpu",
+            "calibration",
+            "warn",
+            f"{path} is unusable ({e}); the reference machine's thresholds are in force",
+            f"remove it and recalibrate: rm {path} && {RECALIBRATE}",
+        )
+    if not isinstance(saved, dict) or not all(k in tuning._KEYS for k in saved):
+        return Check(
+            "cpu",
+            "calibration",
+            "warn",
+            f"{path} is not a thresholds file opbridge writes; defaults are in force for what it lacks",
+            f"recalibrate: {RECALIBRATE}",
+        )
+    try:
+        measured_on = json.loads(tuning._read_small_regular_file(tuning.identity_path()))
+    except (OSError, ValueError, RecursionError):
+        measured_on = None
+    if not isinstance(measured_on, dict):
         measured_on = None
     here = tuning.cpu_identity()
     details = {"path": str(path), "measured_on": measured_on, "this_cpu": here, "thresholds": tuning.thresholds()}
@@ -302,12 +324,28 @@ def _cpu_device_smoke() -> Check:
     device = "cpu:0"
     before = ob.get_memory_pool_stats(device)["allocated_bytes.current"]
     a = np.arange(4096, dtype=np.float32)
-    x = ob.asarray(a, device=device)  # copy in
-    y = ob.ops.add(x, x)
-    out = y.numpy()  # copy out (a view of the tensor's memory: released with it, below)
-    ok = bool(np.array_equal(out, a + a))
-    del x, y, out
-    ob.synchronize(device)
+    # On a stream of its own: waiting for it neither waits for nor reports the user's work.
+    stream = ob.Stream(device)
+    try:
+        with stream:
+            x = ob.asarray(a, device=device)  # copy in
+            y = ob.ops.add(x, x)
+            out = y.numpy()  # copy out (a view of the tensor's memory: released with it, below)
+            ok = bool(np.array_equal(out, a + a))
+            del x, y, out
+        stream.synchronize()
+    except ob.OutOfMemoryError as e:
+        limit = ob.get_memory_pool_stats(device)["limit"]
+        return Check(
+            "device",
+            device,
+            "fail",
+            f"out of memory for a 16 KiB test ({e})",
+            "a memory limit this low leaves no room to work: ob.set_memory_limit(None)"
+            if limit is not None
+            else "free memory on this machine",
+            {"limit": limit},
+        )
     after = ob.get_memory_pool_stats(device)["allocated_bytes.current"]
     details = {"device": device, "allocated_before": before, "allocated_after": after}
     if not ok:
@@ -380,6 +418,19 @@ def _folder_bytes(folder: Path) -> int:
             except OSError:
                 pass
     return total
+
+
+def _writable_folder(folder: Path) -> str | None:
+    """Why `folder` cannot hold cache files (made if missing), or None: tried, not guessed."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if not folder.is_dir():
+            return "not a folder"
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".doctor-", delete=True):
+            pass
+    except OSError as e:
+        return str(e)
+    return None
 
 
 def _jit() -> list[Check]:
@@ -465,10 +516,61 @@ def _plugin_fix(message: str, abi: int) -> str:
         return "not a shared library: build it with `cc -shared -fPIC ...`"
     if "ABI" in message or "abi" in message:
         return rebuild
+    if "already registered" in message:
+        return (
+            "an operator of that name and version exists already (a built-in or another library): "
+            "rename it or bump its version"
+        )
     return "fix the operator descriptors the loader names (see plugin.h for every field's rule)"
 
 
-def _plugin(path_text: str, abi: int) -> Check:
+def _plugin(path_text: str, abi: int, timeout: float = 60.0) -> Check:
+    """Diagnoses an operator library in a child process: a library whose constructor or init
+    crashes, hangs or registers names this process already has cannot take the doctor with it."""
+    name = f"plugin {path_text}"
+    code = (
+        "import json, sys\n"
+        "from opbridge.doctor import _plugin_here\n"
+        "print(json.dumps(_plugin_here(sys.argv[1], int(sys.argv[2])).to_json()))\n"
+    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code, path_text, str(abi)], capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired:
+        return Check(
+            "plugin", name, "fail", f"loading it did not finish in {timeout:.0f} s", "its constructor or init hangs"
+        )
+    if done.returncode < 0:
+        import signal
+
+        try:
+            what = signal.Signals(-done.returncode).name
+        except ValueError:
+            what = f"signal {-done.returncode}"
+        return Check(
+            "plugin",
+            name,
+            "fail",
+            f"the library crashed the process that loaded it ({what})",
+            "its constructor or opbridge_plugin_init crashes: debug it with gdb --args python -c "
+            f"'import opbridge; opbridge.load_library(\"{path_text}\")'",
+        )
+    try:
+        found = json.loads(done.stdout.strip().splitlines()[-1])
+        return Check(**found)
+    except (ValueError, IndexError, TypeError) as e:
+        tail = (done.stderr or "").strip().splitlines()[-1:]
+        return Check(
+            "plugin",
+            name,
+            "fail",
+            f"the check's process ended with {done.returncode}: {tail[0] if tail else e}",
+            "report this bug",
+        )
+
+
+def _plugin_here(path_text: str, abi: int) -> Check:
     import opbridge as ob
 
     name = f"plugin {path_text}"
@@ -477,6 +579,8 @@ def _plugin(path_text: str, abi: int) -> Check:
         return Check("plugin", name, "fail", "no such file", "check the path")
     if not path.is_file():
         return Check("plugin", name, "fail", "not a regular file", "give the path of the library (.so) itself")
+    if path.stat().st_size > 1 << 30:
+        return Check("plugin", name, "fail", "larger than 1 GiB: not an operator library", "check the path")
     undefined, missing = _ldd(path)
     details: dict[str, Any] = {
         "path": str(path.resolve()),
@@ -528,32 +632,66 @@ def _plugin(path_text: str, abi: int) -> Check:
 # --- a running server ---------------------------------------------------------------------------
 
 
-def _server(url: str) -> list[Check]:
+def _server(url: str, timeout: float = 10.0) -> list[Check]:
+    import http.client
+    import threading
+
     base = url if "://" in url else f"http://{url}"
     base = base.rstrip("/")
     name = f"server {url}"
+    # The user's proxy settings are for the outside world, not for a server on this machine.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
-    def get(path: str, body: bytes | None = None) -> tuple[int, Any]:
+    def fetch(path: str, body: bytes | None) -> tuple[int, Any]:
         headers = {"Content-Type": "application/json"} if body is not None else {}
         request = urllib.request.Request(base + path, data=body, headers=headers)
         try:
-            with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310  (the user's URL)
-                data = response.read()
-                return response.status, json.loads(data) if data else None
+            with opener.open(request, timeout=timeout) as response:
+                data = response.read(1 << 20)
+                status = response.status
         except urllib.error.HTTPError as e:
-            data = e.read()
+            data, status = e.read(1 << 20), e.code
+        try:
+            return status, json.loads(data) if data else None
+        except ValueError:
+            return status, data.decode(errors="replace")[:200]
+
+    def get(path: str, body: bytes | None = None) -> tuple[int, Any]:
+        """One request with one deadline for the whole of it (a server trickling bytes included)."""
+        outcome: list[Any] = []
+
+        def run() -> None:
             try:
-                return e.code, json.loads(data) if data else None
-            except ValueError:
-                return e.code, data.decode(errors="replace")
+                outcome.append(fetch(path, body))
+            except BaseException as e:  # noqa: BLE001  (handed to the caller's thread)
+                outcome.append(e)
+
+        worker = threading.Thread(target=run, daemon=True)
+        worker.start()
+        worker.join(timeout)
+        if not outcome:
+            raise TimeoutError(f"no complete answer to {path} in {timeout:.0f} s")
+        if isinstance(outcome[0], BaseException):
+            raise outcome[0]
+        return outcome[0]
 
     fix = f"start it (`opbridge serve`) or check the address; `curl {base}/v2/health/live` should answer 200"
     try:
         live, _ = get("/v2/health/live")
-    except (OSError, ValueError) as e:
-        return [Check("server", name, "fail", f"not reachable: {e}", fix)]
-    ready, _ = get("/v2/health/ready")
-    status, metadata = get("/v2")
+        if live == 404:
+            return [
+                Check(
+                    "server",
+                    name,
+                    "fail",
+                    "it answers HTTP, but not the KServe V2 protocol (404 on /v2/health/live)",
+                    "point --server at the HTTP port of `opbridge serve` (8000 by default)",
+                )
+            ]
+        ready, _ = get("/v2/health/ready")
+        status, metadata = get("/v2")
+    except (OSError, http.client.HTTPException) as e:
+        return [Check("server", name, "fail", f"not reachable over HTTP: {type(e).__name__}: {e}", fix)]
     if live != 200 or ready != 200 or status != 200 or not isinstance(metadata, dict):
         return [
             Check(
@@ -572,17 +710,23 @@ def _server(url: str) -> list[Check]:
             {"name": "b", "shape": [3], "datatype": "FP32", "data": [10, 20, 30]},
         ]
     }
-    status, answer = get("/v2/models/add/infer", json.dumps(request).encode())
+    try:
+        status, answer = get("/v2/models/add/infer", json.dumps(request).encode())
+    except (OSError, http.client.HTTPException) as e:
+        checks.append(Check("server", "server inference", "fail", f"add: {type(e).__name__}: {e}", fix))
+        return checks
     if status == 404:
         checks.append(Check("server", "server inference", "skipped", "the server has no `add` model to try"))
-    elif status != 200 or not isinstance(answer, dict):
+        return checks
+    outputs = answer.get("outputs") if isinstance(answer, dict) else None
+    first = outputs[0] if isinstance(outputs, list) and outputs and isinstance(outputs[0], dict) else {}
+    data = first.get("data")
+    if status != 200:
         checks.append(Check("server", "server inference", "fail", f"add answered {status}: {answer}", fix))
+    elif data == [11, 22, 33]:
+        checks.append(Check("server", "server inference", "ok", "add round trip gave the right answer"))
     else:
-        data = answer.get("outputs", [{}])[0].get("data")
-        if data == [11, 22, 33]:
-            checks.append(Check("server", "server inference", "ok", "add round trip gave the right answer"))
-        else:
-            checks.append(Check("server", "server inference", "fail", f"add gave {data}", "report this bug"))
+        checks.append(Check("server", "server inference", "fail", f"add gave {str(answer)[:200]}", "report this bug"))
     return checks
 
 
@@ -603,6 +747,8 @@ def doctor(
     """
     from . import _native
 
+    if isinstance(plugins, (str, bytes, os.PathLike)):
+        plugins = [os.fsdecode(plugins)]
     info = _native.build_info()
     abi = int(info["plugin_abi_version"])
     steps: list[tuple[str, str, Callable[[], Check | list[Check]]]] = [

@@ -66,7 +66,7 @@ def memory_summary(device: str | None = None) -> str:
     for seg in segments:
         for block in seg["blocks"]:
             if block["state"] != "cached":
-                by_op[block["op"] or "(not profiled)"].append(block["size"])
+                by_op[block["op"] or "(no operator recorded)"].append(block["size"])
     if by_op:
         lines.append("  in use, by operator:")
         for op, sizes in sorted(by_op.items(), key=lambda kv: -sum(kv[1])):

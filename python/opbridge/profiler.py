@@ -17,7 +17,8 @@ out-of-memory, ``empty_cache``). ``record_function("name")`` adds your own range
 tensor calls, the call itself for numpy calls (their kernel runs on the calling thread).
 
 ``OPBRIDGE_TRACE=trace.json python app.py`` profiles a whole process (shapes and memory included)
-and writes the trace when it exits.
+and writes the trace when it exits (``%p`` in the path becomes the pid; child processes that
+inherit the variable write ``trace.<pid>.json`` beside it instead of overwriting it).
 
 With no profile active each instrumented point costs one relaxed atomic load.
 """
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import _native
+from ._native import OpBridgeError
 
 __all__ = ["EventList", "FunctionEventAvg", "profile", "record_function"]
 
@@ -150,7 +152,13 @@ class profile:  # noqa: N801  (torch.profiler's spelling, which users know)
         self._running = False
 
     def start(self) -> profile:
-        _native.profiler_start(self.record_shapes, self.profile_memory)
+        try:
+            _native.profiler_start(self.record_shapes, self.profile_memory)
+        except RuntimeError as e:
+            if _env_profile is not None and _env_profile._running:
+                raise RuntimeError(f"{e}: OPBRIDGE_TRACE is profiling the whole process") from None
+            raise
+        self._events, self._tracks = [], {}
         self._running = True
         self._thread_names = _python_thread_names()
         return self
@@ -160,9 +168,11 @@ class profile:  # noqa: N801  (torch.profiler's spelling, which users know)
             return
         self._running = False
         try:
-            _native.synchronize()  # work enqueued inside the profile runs inside it
-        except Exception:  # noqa: BLE001  (a failed kernel is reported by its tensor, not here)
-            pass
+            # Work enqueued inside the profile runs inside it. A drain, not a synchronize: a
+            # failed kernel's error stays for the user's own synchronize.
+            _native.drain()
+        except OpBridgeError:
+            pass  # a device that cannot be waited for: what ran is still recorded
         recorded = _native.profiler_stop()
         if recorded is not None:
             events, tracks = recorded
@@ -181,8 +191,13 @@ class profile:  # noqa: N801  (torch.profiler's spelling, which users know)
 
     # --- what was recorded ------------------------------------------------------------------
 
+    def _stopped(self) -> None:
+        if self._running:
+            raise RuntimeError("the profile is still recording: stop it (leave its `with`) before reading it")
+
     def events(self) -> list[dict[str, Any]]:
         """The raw events: phase (B, E, i, s, f), category, name, ts_ns, track, flow, args."""
+        self._stopped()
         keys = ("phase", "category", "name", "ts_ns", "track", "flow", "args")
         return [dict(zip(keys, e, strict=True)) for e in self._events]
 
@@ -218,6 +233,7 @@ class profile:  # noqa: N801  (torch.profiler's spelling, which users know)
 
     def key_averages(self, group_by_input_shape: bool = False) -> EventList:
         """Per operator (and input shapes): calls, host time and device time, in microseconds."""
+        self._stopped()
         calls, kernel_ns = self._calls()
         rows: dict[tuple[str, str], FunctionEventAvg] = {}
         for call in calls:
@@ -238,6 +254,8 @@ class profile:  # noqa: N801  (torch.profiler's spelling, which users know)
             json.dump(self.chrome_trace(), f)
 
     def chrome_trace(self) -> dict[str, Any]:
+        """The trace as a dict in the Chrome trace-event format."""
+        self._stopped()
         pid = os.getpid()
         trace: list[dict[str, Any]] = [{"name": "process_name", "ph": "M", "pid": pid, "args": {"name": "opbridge"}}]
         for track, name in sorted(self._tracks.items()):
@@ -269,23 +287,48 @@ def _python_thread_names() -> dict[int, str]:
 
 @contextlib.contextmanager
 def record_function(name: str) -> Iterator[None]:
-    """A range of your own on the calling thread's track (when a profile is recording)."""
-    _native.profiler_begin("user", str(name))
+    """A range of your own on the calling thread's track (when a profile is recording). Ranges
+    must nest on a thread (not interleave, as two asyncio tasks' ranges may)."""
+    if not _native.profiler_active():
+        yield
+        return
+    label = str(name)
+    _native.profiler_begin("user", label)
     try:
         yield
     finally:
-        _native.profiler_end("user", str(name))
+        _native.profiler_end("user", label)
 
 
 _env_profile: profile | None = None
 _env_lock = threading.Lock()
 
 
+def _trace_path(raw: str) -> str:
+    """Where this process writes its trace: ``%p`` becomes the pid; a child process that inherited
+    the variable from a traced parent writes ``<name>.<pid>.json`` instead of overwriting it."""
+    path = raw.replace("%p", str(os.getpid()))
+    owner = os.environ.get("OPBRIDGE_TRACE_OWNER")
+    if "%p" not in raw and owner not in (None, str(os.getpid())):
+        root, ext = os.path.splitext(path)
+        path = f"{root}.{os.getpid()}{ext or '.json'}"
+    os.environ["OPBRIDGE_TRACE_OWNER"] = str(os.getpid())
+    return os.path.abspath(path)
+
+
 def _trace_from_env() -> None:
-    """``OPBRIDGE_TRACE=path``: profile the whole process and write the trace at exit."""
+    """``OPBRIDGE_TRACE=path``: profile the whole process and write the trace at exit. A path
+    that cannot be written is a warning at import, and nothing is recorded."""
     global _env_profile
-    path = os.environ.get("OPBRIDGE_TRACE")
-    if not path:
+    raw = os.environ.get("OPBRIDGE_TRACE")
+    if not raw:
+        return
+    path = _trace_path(raw)
+    folder = os.path.dirname(path)
+    if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        import warnings
+
+        warnings.warn(f"OPBRIDGE_TRACE={raw!r}: cannot write {path}; not tracing", RuntimeWarning, stacklevel=3)
         return
     with _env_lock:
         if _env_profile is not None:
@@ -295,6 +338,11 @@ def _trace_from_env() -> None:
     def write() -> None:
         assert _env_profile is not None
         _env_profile.stop()
-        _env_profile.export_chrome_trace(path)
+        try:
+            _env_profile.export_chrome_trace(path)
+        except OSError as e:
+            import sys
+
+            print(f"opbridge: OPBRIDGE_TRACE: cannot write {path}: {e}", file=sys.stderr)
 
     atexit.register(write)

@@ -39,6 +39,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(tensor::from_dlpack, m)?)?;
     m.add_function(wrap_pyfunction!(stream::current_stream, m)?)?;
     m.add_function(wrap_pyfunction!(stream::synchronize, m)?)?;
+    m.add_function(wrap_pyfunction!(stream::drain, m)?)?;
     m.add_function(wrap_pyfunction!(stream::on_stream_worker, m)?)?;
     m.add_function(wrap_pyfunction!(memory::get_memory_pool_stats, m)?)?;
     m.add_function(wrap_pyfunction!(memory::set_memory_limit, m)?)?;

@@ -250,6 +250,15 @@ pub fn synchronize(py: Python<'_>, device: Option<&str>) -> PyResult<()> {
     py.detach(|| ctx.synchronize()).map_err(to_pyerr)
 }
 
+/// Waits for all work on all streams of `device` like ``synchronize``, but leaves asynchronous
+/// errors for the user's next ``synchronize`` (the profiler waits this way when it stops).
+#[pyfunction]
+#[pyo3(signature = (device=None))]
+pub fn drain(py: Python<'_>, device: Option<&str>) -> PyResult<()> {
+    let ctx = DeviceContext::get(parse_device(device)?).map_err(to_pyerr)?;
+    py.detach(|| ctx.drain()).map_err(to_pyerr)
+}
+
 /// True on a stream's worker thread (inside a host function): waits there are checked for
 /// dependencies on the worker's own queue, so the asyncio glue waits inline instead of in an
 /// executor thread, where a wait on work queued behind the host function could not be seen.

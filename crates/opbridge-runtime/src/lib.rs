@@ -114,6 +114,12 @@ impl DeviceContext {
     pub fn synchronize(&self) -> Result<()> {
         self.streams.synchronize_all()
     }
+
+    /// Waits for all work on all streams of this device, leaving asynchronous errors for the
+    /// user's next synchronize (tools that wait for their own reasons must not eat them).
+    pub fn drain(&self) -> Result<()> {
+        self.streams.drain_all()
+    }
 }
 
 /// Runs one test body on every device this build can reach, as candle's `test_device!` does:

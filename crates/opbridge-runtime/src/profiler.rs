@@ -253,8 +253,10 @@ pub fn stop() -> Option<Recording> {
         let mut buffers = lock(&BUFFERS);
         for buffer in buffers.iter() {
             let mut buffer = lock(buffer);
+            // Taken, not drained: the buffer's capacity goes back to the allocator too.
+            let events = std::mem::take(&mut buffer.events);
             if buffer.session == session {
-                gathered.append(&mut buffer.events);
+                gathered.extend(events);
             }
         }
         // The buffers of threads that have exited are not needed any more.
@@ -329,7 +331,7 @@ fn record_named(phase: Phase, category: &'static str, name: Arc<str>, flow: u64,
             return; // recorded for a profile that has ended since
         }
         if buffer.session < session {
-            buffer.events.clear();
+            buffer.events = Vec::new();
             buffer.session = session;
         }
         buffer.events.push(event);

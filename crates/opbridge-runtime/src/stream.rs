@@ -121,20 +121,27 @@ impl Stream {
         let flow = profiler::enqueue("copy", name);
         let started = std::sync::Arc::new(std::sync::Mutex::new(None::<std::time::Instant>));
         let mark = std::sync::Arc::clone(&started);
-        self.0.backend.launch_host_func(Box::new(move || {
+        let opened = self.0.backend.launch_host_func(Box::new(move || {
             profiler::record(profiler::Phase::FlowEnd, "copy", name, flow, Vec::new());
             profiler::record(profiler::Phase::Begin, "copy", name, 0, vec![("bytes", bytes.into())]);
             *mark.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
             Ok(())
-        }))?;
-        self.0.backend.copy(dst, src, bytes, kind)?;
-        self.0.backend.launch_host_func(Box::new(move || {
+        }));
+        if opened.is_err() {
+            // No marker: the copy goes unprofiled, as it would have gone.
+            return self.0.backend.copy(dst, src, bytes, kind);
+        }
+        let copied = self.0.backend.copy(dst, src, bytes, kind);
+        // The closing marker runs even when the copy could not be enqueued (the span then ends
+        // at once). Its own failure is not the copy's: the copy is enqueued, so Ok.
+        let _ = self.0.backend.launch_host_func(Box::new(move || {
             let began = *started.lock().unwrap_or_else(|p| p.into_inner());
             let seconds = began.map_or(0.0, |t| t.elapsed().as_secs_f64());
             let rate = if seconds > 0.0 { bytes as f64 / seconds / 1e9 } else { 0.0 };
             profiler::record(profiler::Phase::End, "copy", name, 0, vec![("gb_per_s", rate.into())]);
             Ok(())
-        }))
+        }));
+        copied
     }
 
     /// Records a fresh event at the current end of this stream.

@@ -60,7 +60,8 @@ pub fn kernel_variants() -> Vec<(&'static str, &'static str)> {
     }
 }
 
-/// Threads of the compute pool that parallel kernels run on (one per available core).
+/// Threads of the compute pool that parallel kernels run on (asked of the pool itself: it was
+/// sized when it started, whatever the process's CPU affinity is now).
 pub fn compute_threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+    super::pool::threads()
 }

@@ -12,6 +12,11 @@ use rayon::{ThreadPool, ThreadPoolBuilder};
 /// The pool of the current fork generation, once a forked child has needed one.
 static CHILD_POOL: Mutex<Option<(u64, Arc<ThreadPool>)>> = Mutex::new(None);
 
+/// Threads of the pool the parallel kernels run on now (rayon's, or a forked child's own).
+pub fn threads() -> usize {
+    install(rayon::current_num_threads)
+}
+
 /// Runs `f` where rayon's parallel iterators reach live threads: directly (on the global pool)
 /// in the process that started the runtime, inside this generation's own pool in a forked
 /// child. In the normal case it costs one atomic load.

@@ -393,6 +393,8 @@ impl MemoryPool {
         }
         let mut state = self.lock();
         let pending = !events.is_empty();
+        // Read before the block is freed (and maybe merged or its segment released).
+        let size = state.blocks.get(&ptr.0).map_or(0, |b| b.size);
         if events.is_empty() {
             Self::free_block(&mut state, ptr.0);
             if !state.dead.is_empty() {
@@ -403,7 +405,6 @@ impl MemoryPool {
             state.pending.push(PendingFree { addr: ptr.0, events });
         }
         profiler::memory_event(if pending { "free (pending on a stream)" } else { "free" }, || {
-            let size = state.blocks.get(&ptr.0).map_or(0, |b| b.size);
             self.event_args(&state, size, StreamId::HOST)
         });
     }
@@ -530,11 +531,10 @@ impl MemoryPool {
         }
     }
 
-    /// Waits for the device and returns all cached (unused) memory to it. Asynchronous errors
-    /// stay for the user's next synchronize.
     /// Every segment and its blocks: size, state (allocated, pending on a stream, cached), stream,
     /// and the operator that allocated it (when memory was being profiled). Blocks' sizes add up
     /// to their segment's; allocated and pending blocks add up to `allocated_bytes_current`.
+    /// Frees whose streams have finished are completed first (as any allocation would).
     pub fn snapshot(&self) -> Vec<SegmentSnapshot> {
         let mut state = self.lock();
         Self::process_pending(&mut state);
@@ -567,6 +567,8 @@ impl MemoryPool {
         segments.into_values().collect()
     }
 
+    /// Waits for the device and returns all cached (unused) memory to it. Asynchronous errors
+    /// stay for the user's next synchronize.
     pub fn empty_cache(&self) -> Result<()> {
         let _span = profiler::span("memory", "empty_cache", || vec![("device", self.device_id().into())]);
         self.streams.drain_all()?;
