@@ -25,7 +25,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use prost::Message;
 use tokio::net::TcpStream;
 
-#[allow(clippy::all, dead_code, missing_debug_implementations, missing_docs)]
+#[allow(clippy::all, dead_code, missing_debug_implementations, missing_docs, rustdoc::all)]
 mod proto {
     include!(concat!(env!("OUT_DIR"), "/inference.rs"));
 }
