@@ -243,6 +243,7 @@ class Result:
     protocol: str
     n: int
     conc: int
+    wire: str = ""  # "http" or "grpc": what a row is compared with (protocol says how it was encoded)
     ok: int = 0
     errors: int = 0
     wrong: int = 0
@@ -254,9 +255,12 @@ class Result:
     gbps_per_conn: float = 0.0
     steal: float = 0.0
 
+    def __post_init__(self) -> None:
+        self.wire = self.wire or self.protocol.split()[0]
+
     @property
     def key(self) -> tuple[str, str, int, int]:
-        return (self.client, self.protocol, self.n, self.conc)
+        return (self.client, self.wire, self.n, self.conc)
 
 
 def inputs(n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -435,7 +439,7 @@ def table(results: list[Result]) -> None:
 
 
 def targets(results: list[Result]) -> None:
-    get = {(r.server, *r.key): r for r in results}
+    get = {(r.server, r.client, r.protocol, r.n, r.conc): r for r in results}
 
     def lg(server: str, protocol: str, n: int, conc: int) -> Result | None:
         r = get.get((server, "loadgen", protocol, n, conc))
@@ -500,7 +504,13 @@ def main() -> None:
         help="extra opbridge-serve flag (repeatable), e.g. --serve-arg=--workers-per-model=1",
     )
     parser.add_argument("--json", type=Path, help="also write the results as JSON")
+    parser.add_argument("--report", type=Path, help="print the tables of a --json file again, run nothing")
     args = parser.parse_args()
+    if args.report:
+        results = [Result(**r) for r in json.loads(args.report.read_text())]
+        table(results)
+        targets(results)
+        return
 
     pin = not args.no_pin and len(os.sched_getaffinity(0)) >= 2
     server_cpu, client_cpu = (SERVER_CPU, CLIENT_CPU) if pin else (None, None)

@@ -59,6 +59,10 @@ pub struct ServeArgs {
     /// Compute workers per model version (0: as many as the CPUs this process may use, at most 2).
     #[arg(long, default_value_t = 0)]
     pub workers_per_model: usize,
+    /// Nice levels below the process's that compute workers run at (0: the same as the I/O
+    /// threads), so that a woken worker does not preempt the I/O thread request by request.
+    #[arg(long, default_value_t = crate::executor::DEFAULT_COMPUTE_NICE, value_parser = clap::value_parser!(i32).range(0..=19))]
+    pub compute_nice: i32,
     /// Requests queued per model version before 503 / UNAVAILABLE.
     #[arg(long, default_value_t = 1024)]
     pub max_queue_size: usize,

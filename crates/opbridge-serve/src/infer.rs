@@ -564,11 +564,12 @@ impl Drop for Pending {
     }
 }
 
-/// Whether the call runs on the calling compute worker itself: a CPU model whose inputs already
-/// have the kernel's dtypes. Otherwise it goes through the worker's stream (conversions, other
-/// devices).
+/// Whether the call runs on the calling compute worker itself: a CPU model of an operator with a
+/// CPU kernel, whose inputs already have the kernel's dtypes. Otherwise it goes through the
+/// worker's stream (conversions, other devices, and the launch's typed "no CPU kernel" error).
 fn runs_inline(model: &ModelVersion, prepared: &Prepared) -> bool {
     model.device.kind == DeviceKind::Cpu
+        && model.entry.op.devices().contains(&DeviceKind::Cpu)
         && prepared
             .inputs
             .iter()

@@ -100,6 +100,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     // Built-ins are always registered: alias models may name them even with --no-builtins.
     let builtins = opbridge_ops::Registry::new();
     opbridge_ops::register_builtins(&builtins).map_err(|e| e.to_string())?;
+    executor::set_compute_nice(args.compute_nice);
     let models = Arc::new(Models::new(
         builtins,
         !args.no_builtins,
