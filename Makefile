@@ -74,6 +74,7 @@ bench: setup
 	$(PY) benchmarks/bench_small_calls.py
 	$(PY) benchmarks/bench_plugin.py
 	$(PY) benchmarks/bench_bindings.py
+	$(PY) benchmarks/bench_profiler.py
 	cargo bench -p opbridge-runtime --bench pool
 
 # The plot the README shows: `opbridge bench` on this machine (run it on a quiet one).
