@@ -24,9 +24,11 @@ def check_chrome_trace(trace: dict, pid: int | None = None) -> list[dict]:
     last_ts: dict[int, float] = {}
     flows: dict[int, list[dict]] = defaultdict(list)
     for e in events:
-        assert e["ph"] in ("B", "E", "i", "s", "f"), e
+        assert e["ph"] in ("B", "E", "X", "i", "s", "f"), e
         assert isinstance(e["ts"], (int, float)) and isinstance(e["tid"], int) and e["pid"] == (pid or os.getpid())
         assert e["ts"] >= last_ts.get(e["tid"], 0.0), f"timestamps go back on track {e['tid']}: {e}"
+        if e["ph"] == "X":
+            assert e["dur"] >= 0
         last_ts[e["tid"]] = e["ts"]
         if e["ph"] == "B":
             stacks[e["tid"]].append(e["name"])
@@ -140,8 +142,10 @@ def test_threads_streams_host_functions_syncs_and_user_ranges_have_their_tracks(
     host_fn = next(e for e in events if e["cat"] == "host_func" and e["ph"] == "B")
     assert names[host_fn["tid"]].startswith("opbridge-cpu-stream")
     assert any(e["name"] == "stream synchronize" for e in events)
-    user = next(e for e in events if e["cat"] == "user" and e["ph"] == "B")
-    assert user["name"] == "my range"
+    user = next(e for e in events if e["cat"] == "user")
+    assert user["name"] == "my range" and user["ph"] == "X"
+    sync = next(e for e in events if e["name"] == "stream synchronize" and e["ph"] == "B")
+    assert user["ts"] <= sync["ts"] <= user["ts"] + user["dur"]  # the range holds what ran inside it
 
 
 JIT_SOURCE = r"""
@@ -253,3 +257,34 @@ def test_reading_a_profile_while_it_records_is_an_error_and_a_restart_starts_afr
     with prof:
         ob.ops.mul(a, a)
     assert [r.key for r in prof.key_averages()] == ["mul"]
+
+
+def test_input_dtypes_are_the_callers_before_any_conversion() -> None:
+    f32, f64, i32 = np.ones(3, np.float32), np.ones(3, np.float64), np.ones(3, np.int32)
+    with ob.profiler.profile(record_shapes=True) as prof:
+        ob.ops.add(f32, f64)  # the generic numpy path converts f32 first
+        ob.ops.add(i32, f32)
+        ob.ops.add(ob.asarray(f32), f64)  # the tensor path copies f64's host array in
+    calls = [e for e in prof.events() if e["category"] == "op" and e["phase"] == "B"]
+    assert [c["args"]["input_dtypes"] for c in calls] == [
+        "float32, float64",
+        "int32, float32",
+        "float32, float64",
+    ]
+    assert len(calls) == 3  # one span per call: the layers below did not open their own
+
+
+def test_ranges_of_interleaved_asyncio_tasks_keep_their_own_durations() -> None:
+    import asyncio
+
+    async def task(name: str, seconds: float) -> None:
+        with ob.profiler.record_function(name):
+            await asyncio.sleep(seconds)
+
+    async def both() -> None:
+        await asyncio.gather(task("long", 0.06), task("short", 0.01))
+
+    with ob.profiler.profile() as prof:
+        asyncio.run(both())
+    ranges = {e["name"]: e for e in check_chrome_trace(prof.chrome_trace()) if e["cat"] == "user"}
+    assert ranges["long"]["dur"] >= 55_000 and ranges["short"]["dur"] < 50_000, ranges

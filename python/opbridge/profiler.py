@@ -146,7 +146,7 @@ class profile:  # noqa: N801  (torch.profiler's spelling, which users know)
     def __init__(self, *, record_shapes: bool = False, profile_memory: bool = False) -> None:
         self.record_shapes = bool(record_shapes)
         self.profile_memory = bool(profile_memory)
-        self._events: list[tuple[str, str, str, int, int, int, dict[str, Any]]] = []
+        self._events: list[tuple[str, str, str, int, int, int, dict[str, Any], int]] = []
         self._tracks: dict[int, str] = {}
         self._thread_names: dict[int, str] = {}
         self._running = False
@@ -196,9 +196,10 @@ class profile:  # noqa: N801  (torch.profiler's spelling, which users know)
             raise RuntimeError("the profile is still recording: stop it (leave its `with`) before reading it")
 
     def events(self) -> list[dict[str, Any]]:
-        """The raw events: phase (B, E, i, s, f), category, name, ts_ns, track, flow, args."""
+        """The raw events: phase (B, E, X, i, s, f), category, name, ts_ns, track, flow, args,
+        dur_ns (of X events)."""
         self._stopped()
-        keys = ("phase", "category", "name", "ts_ns", "track", "flow", "args")
+        keys = ("phase", "category", "name", "ts_ns", "track", "flow", "args", "dur_ns")
         return [dict(zip(keys, e, strict=True)) for e in self._events]
 
     def _calls(self) -> tuple[list[_Call], dict[int, int]]:
@@ -207,7 +208,7 @@ class profile:  # noqa: N801  (torch.profiler's spelling, which users know)
         stacks: dict[int, list[tuple[str, str, int, dict[str, Any], _Call | None]]] = {}
         kernel_ns: dict[int, int] = {}
         pending_flow: dict[int, int] = {}  # track -> the flow that ends at its next begin
-        for phase, category, name, ts, track, flow, args in self._events:
+        for phase, category, name, ts, track, flow, args, _ in self._events:
             stack = stacks.setdefault(track, [])
             if phase == "B":
                 call = _Call(name, track, ts, args=dict(args)) if category == "op" else None
@@ -260,7 +261,7 @@ class profile:  # noqa: N801  (torch.profiler's spelling, which users know)
         trace: list[dict[str, Any]] = [{"name": "process_name", "ph": "M", "pid": pid, "args": {"name": "opbridge"}}]
         for track, name in sorted(self._tracks.items()):
             trace.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": track, "args": {"name": name}})
-        for phase, category, name, ts, track, flow, args in self._events:
+        for phase, category, name, ts, track, flow, args, dur in self._events:
             event: dict[str, Any] = {
                 "name": name,
                 "cat": category,
@@ -269,6 +270,8 @@ class profile:  # noqa: N801  (torch.profiler's spelling, which users know)
                 "pid": pid,
                 "tid": track,
             }
+            if phase == "X":
+                event["dur"] = dur / 1e3
             if phase in ("s", "f"):
                 event["id"] = flow
                 event["cat"] = "flow"
@@ -287,17 +290,17 @@ def _python_thread_names() -> dict[int, str]:
 
 @contextlib.contextmanager
 def record_function(name: str) -> Iterator[None]:
-    """A range of your own on the calling thread's track (when a profile is recording). Ranges
-    must nest on a thread (not interleave, as two asyncio tasks' ranges may)."""
+    """A range of your own on the calling thread's track (when a profile is recording). It is
+    recorded whole when it ends, so ranges may interleave (two asyncio tasks' on one thread)."""
     if not _native.profiler_active():
         yield
         return
     label = str(name)
-    _native.profiler_begin("user", label)
+    begin = _native.profiler_now()
     try:
         yield
     finally:
-        _native.profiler_end("user", label)
+        _native.profiler_complete("user", label, begin)
 
 
 _env_profile: profile | None = None

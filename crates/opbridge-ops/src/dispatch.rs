@@ -162,14 +162,15 @@ fn call_args<'a>(
 
 /// An operator call's span in an active profile (None, at the cost of one atomic load, when no
 /// profile is recording). Front ends that run a kernel without this module (the bindings' fast
-/// lanes) open it themselves, so every call is recorded.
+/// lanes), or convert the caller's inputs before calling it, open it themselves with the
+/// caller's inputs; the span this module would open is then not opened again.
 pub fn call_span<'a>(
     entry: &Entry,
     inputs: impl Iterator<Item = Option<(DType, &'a [usize])>>,
     device: DeviceId,
     stream: StreamId,
 ) -> Option<profiler::Span> {
-    if !profiler::active() {
+    if !profiler::active() || profiler::in_call() {
         return None;
     }
     Some(profiler::Span::begin("op", &entry.schema().name, 0, call_args(entry, inputs, device, stream)))

@@ -51,6 +51,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(profiler::profiler_active, m)?)?;
     m.add_function(wrap_pyfunction!(profiler::profiler_begin, m)?)?;
     m.add_function(wrap_pyfunction!(profiler::profiler_end, m)?)?;
+    m.add_function(wrap_pyfunction!(profiler::profiler_now, m)?)?;
+    m.add_function(wrap_pyfunction!(profiler::profiler_complete, m)?)?;
     m.add_function(wrap_pyfunction!(tuning::build_info, m)?)?;
     m.add_function(wrap_pyfunction!(tuning::calibrate_thresholds, m)?)?;
     m.add_function(wrap_pyfunction!(tuning::get_thresholds, m)?)?;

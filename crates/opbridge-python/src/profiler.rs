@@ -25,11 +25,13 @@ fn phase_code(phase: Phase) -> &'static str {
         Phase::Instant => "i",
         Phase::FlowStart => "s",
         Phase::FlowEnd => "f",
+        Phase::Complete => "X",
     }
 }
 
 /// Stops recording: `(events, tracks)`, or None when nothing was recording. Each event is
-/// `(phase, category, name, ts_ns, track, flow, args)`; each track `(id, name, OS thread id)`.
+/// `(phase, category, name, ts_ns, track, flow, args, dur_ns)`; each track `(id, name, OS
+/// thread id)`.
 #[pyfunction]
 pub fn profiler_stop(py: Python<'_>) -> PyResult<Option<Bound<'_, PyTuple>>> {
     let Some(recording) = py.detach(profiler::stop) else { return Ok(None) };
@@ -43,7 +45,7 @@ pub fn profiler_stop(py: Python<'_>) -> PyResult<Option<Bound<'_, PyTuple>>> {
                 other => args.set_item(key, other.to_text())?,
             }
         }
-        events.append((phase_code(e.phase), e.category, &*e.name, e.ts_ns, e.track, e.flow, args))?;
+        events.append((phase_code(e.phase), e.category, &*e.name, e.ts_ns, e.track, e.flow, args, e.dur_ns))?;
     }
     let tracks = PyList::empty(py);
     for (id, name, os_id) in recording.tracks {
@@ -98,4 +100,16 @@ pub fn profiler_end(cat: &str, name: &str) {
     if profiler::active() {
         profiler::record(Phase::End, category(cat), name, 0, Vec::new());
     }
+}
+
+/// The profile's clock: nanoseconds since it started (0 when none is recording).
+#[pyfunction]
+pub fn profiler_now() -> u64 {
+    profiler::now()
+}
+
+/// Records a whole range that began at `begin_ns` (from ``profiler_now``) and ends now.
+#[pyfunction]
+pub fn profiler_complete(cat: &str, name: &str, begin_ns: u64) {
+    profiler::complete(category(cat), name, begin_ns, Vec::new());
 }

@@ -420,6 +420,13 @@ fn call_host<'py>(
         });
     }
     let metas: Few<Option<Meta>> = arrays.iter().map(|a| a.as_ref().map(|a| Meta::new(a.dtype, a.shape()))).collect();
+    // Profiled with the inputs as given, before any conversion.
+    let _span = dispatch::call_span(
+        entry,
+        metas.iter().map(|m| m.as_ref().map(|m| (m.dtype, &m.shape[..]))),
+        DeviceId::CPU,
+        StreamId::HOST,
+    );
     let plan = dispatch::plan(entry, &metas, &call.attrs).map_err(to_pyerr)?;
     // Inputs the kernel can read in place are kept (any strides, broadcast ones included); the
     // others are copied once (their unique elements: broadcast axes stay broadcast).
@@ -490,8 +497,6 @@ fn call_tensor<'py>(
 ) -> PyResult<Bound<'py, PyAny>> {
     let schema = entry.schema();
     let name = schema.name.as_str();
-    // Its outputs and input copies are allocated here, before `launch`: the call's memory.
-    let _allocations = opbridge_runtime::profiler::allocations_by(name);
     let mut args: Few<Option<Arg<'py>>> = Few::new();
     for (spec, input) in schema.inputs.iter().zip(&call.inputs) {
         args.push(match input {
@@ -528,6 +533,14 @@ fn call_tensor<'py>(
     let device = tensors.chain(outs.iter().flatten()).next().map_or(DeviceId::CPU, |t| t.device());
     let ctx = DeviceContext::get(device).map_err(to_pyerr)?;
     let stream = ctx.current_stream().map_err(to_pyerr)?;
+    // Profiled with the inputs as given; its outputs and input copies, allocated here before
+    // `launch`, are the call's memory.
+    let _span = dispatch::call_span(
+        entry,
+        metas.iter().map(|m| m.as_ref().map(|m| (m.dtype, &m.shape[..]))),
+        device,
+        stream.id(),
+    );
     if outs.is_none() {
         // The outputs first (the memory check), from the pool `launch` would take them from.
         let metas = &plan.outputs;

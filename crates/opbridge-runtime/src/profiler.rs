@@ -35,6 +35,9 @@ static TRACKS: Mutex<Vec<(u64, String, u64)>> = Mutex::new(Vec::new());
 thread_local! {
     static TRACK: Cell<u64> = const { Cell::new(0) };
     static BUFFER: std::cell::OnceCell<Arc<Mutex<Buffer>>> = const { std::cell::OnceCell::new() };
+    /// Whether an operator call's span is open on this thread: the front end opened it (with
+    /// the call's arguments as the caller gave them), so the layers below do not open another.
+    static IN_CALL: Cell<bool> = const { Cell::new(false) };
     /// The operator call in progress on this thread (while memory is profiled): the pool
     /// records it as the origin of the blocks it hands out.
     static CURRENT_OP: std::cell::RefCell<Option<Arc<str>>> = const { std::cell::RefCell::new(None) };
@@ -74,6 +77,9 @@ pub enum Phase {
     /// Work was enqueued here; it begins where the `FlowEnd` with the same id is.
     FlowStart,
     FlowEnd,
+    /// A whole duration, recorded when it ends (`Event::dur_ns`): ranges that need not nest,
+    /// such as two asyncio tasks' on one thread.
+    Complete,
 }
 
 /// An event argument's value.
@@ -155,6 +161,8 @@ pub struct Event {
     pub track: u64,
     /// The flow id of `FlowStart` / `FlowEnd` events (0 otherwise).
     pub flow: u64,
+    /// The duration of a `Complete` event (0 otherwise).
+    pub dur_ns: u64,
     pub args: Vec<(&'static str, Arg)>,
 }
 
@@ -279,7 +287,16 @@ pub fn stop() -> Option<Recording> {
     }
     for (track, stack) in open {
         for (category, name) in stack.into_iter().rev() {
-            events.push(Event { phase: Phase::End, category, name, ts_ns: end_ns, track, flow: 0, args: Vec::new() });
+            events.push(Event {
+                phase: Phase::End,
+                category,
+                name,
+                ts_ns: end_ns,
+                track,
+                flow: 0,
+                dur_ns: 0,
+                args: Vec::new(),
+            });
         }
     }
     // Keep only flows with both ends.
@@ -316,10 +333,13 @@ fn record_named(phase: Phase, category: &'static str, name: Arc<str>, flow: u64,
     if !active() {
         return;
     }
-    let track = this_track();
-    let session = SESSION.load(Ordering::Acquire);
     let ts_ns = now_ns().saturating_sub(STARTED_NS.load(Ordering::Acquire));
-    let event = Event { phase, category, name, ts_ns, track, flow, args };
+    push_event(Event { phase, category, name, ts_ns, track: this_track(), flow, dur_ns: 0, args });
+}
+
+/// Appends to the calling thread's buffer (for the profile now recording).
+fn push_event(event: Event) {
+    let session = SESSION.load(Ordering::Acquire);
     let _ = BUFFER.try_with(|cell| {
         let buffer = cell.get_or_init(|| {
             let buffer = Arc::new(Mutex::new(Buffer::default()));
@@ -338,6 +358,34 @@ fn record_named(phase: Phase, category: &'static str, name: Arc<str>, flow: u64,
     });
 }
 
+/// Nanoseconds since the profile now recording started (0 when none is).
+pub fn now() -> u64 {
+    if active() {
+        now_ns().saturating_sub(STARTED_NS.load(Ordering::Acquire))
+    } else {
+        0
+    }
+}
+
+/// Records a whole duration that began at `begin_ns` (from [`now`]) and ends now.
+pub fn complete(category: &'static str, name: &str, begin_ns: u64, args: Vec<(&'static str, Arg)>) {
+    if !active() {
+        return;
+    }
+    let end = now();
+    let begin = begin_ns.min(end);
+    push_event(Event {
+        phase: Phase::Complete,
+        category,
+        name: name.into(),
+        ts_ns: begin,
+        track: this_track(),
+        flow: 0,
+        dur_ns: end - begin,
+        args,
+    });
+}
+
 /// A fresh flow id, to link a call with the work it enqueued.
 pub fn new_flow() -> u64 {
     NEXT_FLOW.fetch_add(1, Ordering::Relaxed)
@@ -349,6 +397,8 @@ pub fn new_flow() -> u64 {
 pub struct Span {
     category: &'static str,
     name: Arc<str>,
+    /// For an operator span: whether one was open on this thread before (restored at the end).
+    outer_call: Option<bool>,
     /// For an operator span while memory is profiled: its allocations are attributed to it.
     _allocations: Option<AllocationsBy>,
 }
@@ -388,16 +438,28 @@ impl Span {
         }
         let name: Arc<str> = name.into();
         record_named(Phase::Begin, category, Arc::clone(&name), 0, args);
-        let allocations = if category == "op" { allocations_by(&name) } else { None };
-        Span { category, name, _allocations: allocations }
+        let (allocations, outer_call) = if category == "op" {
+            (allocations_by(&name), IN_CALL.try_with(|c| c.replace(true)).ok())
+        } else {
+            (None, None)
+        };
+        Span { category, name, outer_call, _allocations: allocations }
     }
 }
 
 impl Drop for Span {
     fn drop(&mut self) {
+        if let Some(outer) = self.outer_call {
+            let _ = IN_CALL.try_with(|c| c.set(outer));
+        }
         self._allocations.take();
         record_named(Phase::End, self.category, Arc::clone(&self.name), 0, Vec::new());
     }
+}
+
+/// Whether an operator call's span is open on this thread (see [`Span::begin`]).
+pub fn in_call() -> bool {
+    IN_CALL.try_with(Cell::get).unwrap_or(false)
 }
 
 /// A span when a profile is recording, else nothing (the inactive path: one atomic load).
