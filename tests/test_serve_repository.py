@@ -452,7 +452,7 @@ def test_reload_churn_under_traffic_gives_only_allowed_errors(tmp_path, librarie
             t.start()
         try:
             # Reloads never drop availability: no 503 while only reloading.
-            for _ in range(10):
+            for _ in range(40):
                 assert load(served, "scale_add")[0] == 200
             with lock:
                 assert counts["unavailable"] == 0, counts

@@ -418,11 +418,9 @@ impl Models {
             model.known_versions.extend(versions.keys().copied());
             std::mem::replace(&mut model.versions, versions)
         };
-        // Versions the reload left out finish what they have queued, then go (with their
-        // libraries); the others are replaced and go the same way.
-        for version in old.values() {
-            version.executor.drain();
-        }
+        // Replaced versions are not drained: a request that resolved one just before the swap
+        // still submits to it (a reload never answers 503). Each closes its queue, and unloads
+        // its library, when the last request holding it lets go.
         drop(old);
         tracing::info!(model = name, "loaded");
         Ok(())
