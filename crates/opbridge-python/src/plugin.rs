@@ -18,8 +18,9 @@ use crate::errors::to_pyerr;
 /// interpreter at once (no exception, no cleanup). Run with ``python -X faulthandler`` to get
 /// every thread's Python stack at the crash (the last frame is the ``ob.ops.<name>(...)`` call
 /// that entered the plugin); load and exercise an untrusted library in a subprocess first and
-/// read its exit status (negative: killed by a signal). An ``opbridge doctor --plugin`` command
-/// that does this is planned, not yet available. See ``opbridge/plugin.h``.
+/// read its exit status (negative: killed by a signal). ``opbridge doctor --plugin PATH`` loads
+/// it in a subprocess and names a crash in its init, a missing symbol or dependency, a wrong ABI
+/// or a bad descriptor (it does not call the kernels). See ``opbridge/plugin.h``.
 #[pyclass(name = "Library", module = "opbridge", subclass)]
 #[derive(Debug)]
 pub struct PyLibrary {
@@ -123,8 +124,9 @@ impl PyLibrary {
 /// interpreter at once (no exception, no cleanup). Run with ``python -X faulthandler`` to get
 /// every thread's Python stack at the crash (the last frame is the ``ob.ops.<name>(...)`` call
 /// that entered the plugin); load and exercise an untrusted library in a subprocess first and
-/// read its exit status (negative: killed by a signal). An ``opbridge doctor --plugin`` command
-/// that does this is planned, not yet available. See ``opbridge/plugin.h``.
+/// read its exit status (negative: killed by a signal). ``opbridge doctor --plugin PATH`` loads
+/// it in a subprocess and names a crash in its init, a missing symbol or dependency, a wrong ABI
+/// or a bad descriptor (it does not call the kernels). See ``opbridge/plugin.h``.
 ///
 /// Raises:
 ///     OpBridgeError: the file is missing or not a shared library, does not export

@@ -42,8 +42,8 @@
  *    -6 SIGABRT) as a verdict;
  *  - test kernels under AddressSanitizer/UBSan (`-fsanitize=address,undefined`, run Python with
  *    the sanitizer runtime in LD_PRELOAD) or valgrind.
- * An `opbridge doctor --plugin PATH` command that does this in a subprocess is planned; it does not
- * exist yet.
+ * `opbridge doctor --plugin PATH` loads the library in a subprocess and names a crash in its init,
+ * a missing symbol or dependency, a wrong ABI or a bad descriptor (it does not call the kernels).
  */
 #ifndef OPBRIDGE_PLUGIN_H
 #define OPBRIDGE_PLUGIN_H
