@@ -5,7 +5,6 @@
 //!   on the async runtime's threads).
 //! - [`infer`]: one inference, protocol-neutral: validate, decode into pooled memory, run.
 //! - [`http`] and [`grpc`]: the two front ends; [`metrics`]: Prometheus text with Triton's names.
-#![forbid(unsafe_code)]
 
 pub mod cli;
 pub mod datatype;
