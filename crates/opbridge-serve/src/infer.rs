@@ -10,7 +10,7 @@ use bytes::Bytes;
 use opbridge_ops::dispatch::{self, HostOutputs};
 use opbridge_ops::schema::{AttrSpec, InputSpec};
 use opbridge_ops::{AttrValue, Meta, Plan, TensorView};
-use opbridge_runtime::{DType, DeviceContext, DeviceKind, HostBytes, StreamId, Tensor};
+use opbridge_runtime::{DType, DeviceContext, HostBytes, StreamId, Tensor};
 
 use crate::datatype::Datatype;
 use crate::error::{Code, Result, ServeError};
@@ -568,8 +568,7 @@ impl Drop for Pending {
 /// CPU kernel, whose inputs already have the kernel's dtypes. Otherwise it goes through the
 /// worker's stream (conversions, other devices, and the launch's typed "no CPU kernel" error).
 fn runs_inline(model: &ModelVersion, prepared: &Prepared) -> bool {
-    model.device.kind == DeviceKind::Cpu
-        && model.entry.op.devices().contains(&DeviceKind::Cpu)
+    model.runs_on_worker
         && prepared
             .inputs
             .iter()

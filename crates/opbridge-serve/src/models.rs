@@ -72,6 +72,9 @@ pub struct ModelVersion {
     /// Attributes the model fixes (an alias model); requests may not set them.
     pub fixed: Vec<(String, AttrValue)>,
     pub device: DeviceId,
+    /// Whether requests run the op's CPU kernel on the compute worker itself (a CPU model of an
+    /// op that has one): decided once here, not per request.
+    pub runs_on_worker: bool,
     /// The model's config (defaults for a built-in operator served as itself).
     pub config: Arc<ModelConfig>,
     pub executor: Executor,
@@ -445,12 +448,15 @@ impl Models {
         let label = format!("model '{name}' version {version}");
         let queue = config.max_queue_size.unwrap_or(self.exec.queue);
         let executor = Executor::start(&label, ctx, self.exec.workers, queue)?;
+        let runs_on_worker =
+            device.kind == opbridge_runtime::DeviceKind::Cpu && entry.op.devices().contains(&device.kind);
         Ok(Arc::new(ModelVersion {
             model: name.to_string(),
             version,
             entry,
             fixed,
             device,
+            runs_on_worker,
             config: Arc::clone(config),
             executor,
             stats: Stats::default(),
