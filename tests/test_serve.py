@@ -786,23 +786,25 @@ def test_client_gone_mid_request_counts_as_canceled() -> None:
             f"Inference-Header-Content-Length: {len(header)}\r\nContent-Length: {len(body)}\r\n\r\n"
         ).encode()
         host, port = served.http.rsplit(":", 1)
+
+        def send_large(count: int) -> list[socket.socket]:
+            """`count` large requests on connections of their own, left unanswered."""
+            opened = []
+            for _ in range(count):
+                s = socket.create_connection((host, int(port)), timeout=30)
+                s.sendall(head + body)
+                opened.append(s)
+            return opened
+
         # HTTP: the connection dropped while the request is queued.
-        sockets = []
-        for _ in range(4):
-            s = socket.create_connection((host, int(port)), timeout=30)
-            s.sendall(head + body)
-            sockets.append(s)
+        sockets = send_large(4)
         assert wait_for(lambda: pending_requests(served, "matmul") >= 2)
         for s in sockets:
             s.close()
         assert wait_for(lambda: failures(served, "matmul", "CANCELED") >= 1)
         assert wait_for(lambda: pending_requests(served, "matmul") == 0)
         # gRPC: small calls queued behind large HTTP requests, cancelled there.
-        blockers = []
-        for _ in range(3):
-            s = socket.create_connection((host, int(port)), timeout=30)
-            s.sendall(head + body)
-            blockers.append(s)
+        blockers = send_large(3)
         assert wait_for(lambda: pending_requests(served, "matmul") >= 2)
         before = failures(served, "matmul", "CANCELED")
         client = tg.InferenceServerClient(served.grpc)
