@@ -393,8 +393,9 @@ impl MemoryPool {
         }
         let mut state = self.lock();
         let pending = !events.is_empty();
-        // Read before the block is freed (and maybe merged or its segment released).
-        let size = state.blocks.get(&ptr.0).map_or(0, |b| b.size);
+        // Read before the block is freed (and maybe merged or its segment released); only when
+        // the event will be recorded: frees are a hot path.
+        let size = if profiler::profile_memory() { state.blocks.get(&ptr.0).map_or(0, |b| b.size) } else { 0 };
         if events.is_empty() {
             Self::free_block(&mut state, ptr.0);
             if !state.dead.is_empty() {
