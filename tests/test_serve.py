@@ -769,11 +769,13 @@ def wait_for(condition, timeout: float = 10.0) -> bool:  # type: ignore[no-untyp
 
 
 def test_client_gone_mid_request_counts_as_canceled() -> None:
-    # One worker and large matmuls (about 0.1 s each): requests wait in the queue, where their
-    # clients leave them.
+    # One worker and large matmuls (a few tenths of a second each): requests wait in the queue,
+    # where their clients leave them. The pending gauge counts queued requests only, so with
+    # `count` large requests sent it stays below `count`.
     served = start_server("--workers-per-model", "1")
+    opened: list[socket.socket] = []
     try:
-        n = 1536
+        n = 2048
         big = np.ones((n, n), np.float32)
         inputs = [
             {"name": name, "shape": [n, n], "datatype": "FP32", "parameters": {"binary_data_size": big.nbytes}}
@@ -789,22 +791,27 @@ def test_client_gone_mid_request_counts_as_canceled() -> None:
 
         def send_large(count: int) -> list[socket.socket]:
             """`count` large requests on connections of their own, left unanswered."""
-            opened = []
+            sent = []
             for _ in range(count):
                 s = socket.create_connection((host, int(port)), timeout=30)
-                s.sendall(head + body)
                 opened.append(s)
-            return opened
+                s.sendall(head + body)
+                sent.append(s)
+            return sent
+
+        def close(sockets: list[socket.socket]) -> None:
+            for s in sockets:
+                s.close()
 
         # HTTP: the connection dropped while the request is queued.
         sockets = send_large(4)
         assert wait_for(lambda: pending_requests(served, "matmul") >= 2)
-        for s in sockets:
-            s.close()
+        close(sockets)
         assert wait_for(lambda: failures(served, "matmul", "CANCELED") >= 1)
         assert wait_for(lambda: pending_requests(served, "matmul") == 0)
-        # gRPC: small calls queued behind large HTTP requests, cancelled there.
-        blockers = send_large(3)
+        # gRPC: small calls queued behind large HTTP requests, cancelled there. Five large
+        # requests queue at most four, so a pending count of five includes a gRPC call.
+        blockers = send_large(5)
         assert wait_for(lambda: pending_requests(served, "matmul") >= 2)
         before = failures(served, "matmul", "CANCELED")
         client = tg.InferenceServerClient(served.grpc)
@@ -813,15 +820,18 @@ def test_client_gone_mid_request_counts_as_canceled() -> None:
             calls = [
                 client.async_infer("matmul", grpc_inputs(small), callback=lambda result, error: None) for _ in range(4)
             ]
-            assert wait_for(lambda: pending_requests(served, "matmul") >= 3)
+            assert wait_for(lambda: pending_requests(served, "matmul") >= 5)
             for call in calls:
                 call.cancel()
             assert wait_for(lambda: failures(served, "matmul", "CANCELED") > before)
         finally:
             client.close()
-            for s in blockers:
-                s.close()
+            close(blockers)
     finally:
+        # Closed before the stop on every path: an open connection with an answer unread would
+        # hold the graceful shutdown until --exit-timeout-secs.
+        for s in opened:
+            s.close()
         assert stop_server(served) == 0
 
 
