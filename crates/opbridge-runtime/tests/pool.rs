@@ -566,6 +566,7 @@ fn child_pool_enforces_its_quota(ctx: &'static Arc<DeviceContext>) {
     }
     assert_eq!(child.usage().0, block_a, "a refused request takes nothing");
     assert!(child.allocate(30_000, StreamId::HOST).unwrap_err().to_string().contains("quota"));
+    assert_eq!(child.refusals(), 2, "each refusal is counted");
 
     // The parent itself is not limited by the child's quota.
     let outside = pool.allocate(128 * KIB, StreamId::HOST).unwrap();
@@ -579,6 +580,7 @@ fn child_pool_enforces_its_quota(ctx: &'static Arc<DeviceContext>) {
     // A clone shares the quota.
     let twin = child.clone();
     assert!(twin.allocate(8 * KIB, StreamId::HOST).is_err(), "64 KiB - 2 x 30208 leaves < 8 KiB");
+    assert_eq!(child.refusals(), 3, "a clone's refusals are the pool's");
     drop((b, c));
     assert_eq!(child.usage().0, 0);
     assert_eq!(twin.usage().0, 0);

@@ -15,6 +15,9 @@ pub enum Code {
     TooLarge,
     /// The device or a pool is out of memory: 503 / RESOURCE_EXHAUSTED.
     OutOfMemory,
+    /// A session's memory quota would be exceeded: 429 / RESOURCE_EXHAUSTED (the standard
+    /// gRPC-to-HTTP mapping; Triton has no quota code). The session stays usable.
+    QuotaExceeded,
     /// Not supported by this server: 501 / UNIMPLEMENTED.
     Unimplemented,
     /// A body in an encoding we cannot read (`Content-Encoding: br`): 415 / UNIMPLEMENTED
@@ -60,6 +63,7 @@ impl ServeError {
             Code::InvalidArgument | Code::TooLarge => 400,
             Code::NotFound => 404,
             Code::Unavailable | Code::OutOfMemory => 503,
+            Code::QuotaExceeded => 429,
             Code::Unimplemented => 501,
             Code::UnsupportedMediaType => 415,
             Code::Unauthenticated => 401,
@@ -72,7 +76,7 @@ impl ServeError {
             Code::InvalidArgument => tonic::Code::InvalidArgument,
             Code::NotFound => tonic::Code::NotFound,
             Code::Unavailable => tonic::Code::Unavailable,
-            Code::TooLarge | Code::OutOfMemory => tonic::Code::ResourceExhausted,
+            Code::TooLarge | Code::OutOfMemory | Code::QuotaExceeded => tonic::Code::ResourceExhausted,
             Code::Unimplemented | Code::UnsupportedMediaType => tonic::Code::Unimplemented,
             Code::Unauthenticated => tonic::Code::Unauthenticated,
             Code::Internal => tonic::Code::Internal,
@@ -87,6 +91,7 @@ impl ServeError {
             401 => "401",
             404 => "404",
             415 => "415",
+            429 => "429",
             501 => "501",
             503 => "503",
             _ => "500",

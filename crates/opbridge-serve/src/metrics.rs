@@ -27,7 +27,7 @@ impl Failures {
     /// Counts a failed request to a loaded version under Triton's reason for `error`.
     pub fn count(&self, error: &ServeError) {
         let reason = match error.code {
-            Code::InvalidArgument | Code::TooLarge | Code::Unavailable => &self.rejected,
+            Code::InvalidArgument | Code::TooLarge | Code::Unavailable | Code::QuotaExceeded => &self.rejected,
             Code::Internal | Code::OutOfMemory => &self.backend,
             _ => &self.other,
         };

@@ -65,6 +65,8 @@ pub struct ModelConfig {
     pub device: Option<String>,
     pub max_queue_size: Option<usize>,
     pub max_request_bytes: Option<usize>,
+    /// The byte quota of each session's pool for this model (else `--session-quota`).
+    pub session_quota: Option<usize>,
     pub alias: Option<AliasConfig>,
 }
 
@@ -75,12 +77,14 @@ impl Default for ModelConfig {
             device: None,
             max_queue_size: None,
             max_request_bytes: None,
+            session_quota: None,
             alias: None,
         }
     }
 }
 
-const TOP_KEYS: &[&str] = &["version_policy", "device", "max_queue_size", "max_request_bytes", "alias"];
+const TOP_KEYS: &[&str] =
+    &["version_policy", "device", "max_queue_size", "max_request_bytes", "session_quota", "alias"];
 const ALIAS_KEYS: &[&str] = &["op", "version", "attributes"];
 
 fn unknown_key(key: &str, table: &str, known: &[&str]) -> String {
@@ -112,6 +116,7 @@ impl ModelConfig {
                 }
                 "max_queue_size" => config.max_queue_size = Some(positive(value, key)? as usize),
                 "max_request_bytes" => config.max_request_bytes = Some(positive(value, key)? as usize),
+                "session_quota" => config.session_quota = Some(positive(value, key)? as usize),
                 "alias" => config.alias = Some(parse_alias(value)?),
                 other => return Err(unknown_key(other, "the config", TOP_KEYS)),
             }
@@ -344,6 +349,7 @@ mod tests {
             device = "cpu:0"
             max_queue_size = 16
             max_request_bytes = 1024
+            session_quota = 4096
             [alias]
             op = "softmax"
             version = 1
@@ -355,6 +361,7 @@ mod tests {
         assert_eq!(config.version_policy, VersionPolicy::Specific(vec![1, 3]));
         assert_eq!(config.device.as_deref(), Some("cpu:0"));
         assert_eq!((config.max_queue_size, config.max_request_bytes), (Some(16), Some(1024)));
+        assert_eq!(config.session_quota, Some(4096));
         let alias = config.alias.unwrap();
         assert_eq!((alias.op.as_str(), alias.version), ("softmax", Some(1)));
         assert_eq!(alias.attributes, vec![("axis".to_string(), toml::Value::Integer(-1))]);

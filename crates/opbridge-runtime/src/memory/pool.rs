@@ -637,21 +637,24 @@ fn carve(sizes: &[usize]) -> Option<(usize, Vec<usize>)> {
     Some((total, offsets))
 }
 
-/// A child pool's byte quota: what it has in use now and at its peak.
+/// A child pool's byte quota: what it has in use now and at its peak, and how many
+/// allocations it refused.
 #[derive(Debug)]
 pub(crate) struct Quota {
     limit: usize,
     used: Mutex<(usize, usize)>,
+    refused: std::sync::atomic::AtomicU64,
 }
 
 impl Quota {
     fn new(limit: usize) -> Quota {
-        Quota { limit, used: Mutex::new((0, 0)) }
+        Quota { limit, used: Mutex::new((0, 0)), refused: std::sync::atomic::AtomicU64::new(0) }
     }
 
     fn take(&self, bytes: usize) -> std::result::Result<(), usize> {
         let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
         if used.0.checked_add(bytes).is_none_or(|total| total > self.limit) {
+            self.refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             return Err(used.0);
         }
         used.0 += bytes;
@@ -723,6 +726,12 @@ impl ChildPool {
     /// (bytes in use, peak bytes in use), counted in block sizes.
     pub fn usage(&self) -> (usize, usize) {
         *self.quota.used.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// How many allocations the quota has refused so far: a caller that sees this grow across
+    /// its call knows an out-of-memory error came from the quota, not from the device.
+    pub fn refusals(&self) -> u64 {
+        self.quota.refused.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
