@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
 import threading
 import time
 import urllib.request
@@ -22,14 +23,32 @@ import tritonclient.grpc as tg
 import tritonclient.http as th
 from tritonclient.utils import InferenceServerException
 
+import opbridge as ob
 from test_serve import Served, start_server, stop_server
-from test_serve_repository import add_version, call, libraries, wait_for, write_config  # noqa: F401 (fixture)
+from test_serve_repository import add_version, call, wait_for, write_config
 
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning", "ignore::pytest.PytestUnraisableExceptionWarning")
 
 A = np.arange(4, dtype=np.float32)
 B = np.full(4, 3.0, dtype=np.float32)
-BOTH = "version_policy = \"all\"\n"
+BOTH = 'version_policy = "all"\n'
+
+
+@pytest.fixture(scope="module")
+def libraries(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """scale_add v1 and v2 (one version each), compiled once."""
+    cc = shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    out = tmp_path_factory.mktemp("libs")
+    built = {}
+    for version in (1, 2):
+        target = out / f"libscale_add_{version}.so"
+        source = Path(__file__).resolve().parent.parent / "examples/plugins/c/scale_add.c"
+        flags = ["-O2", "-shared", "-fPIC", "-I", ob.get_include(), f"-DSCALE_ADD_VERSION={version}"]
+        subprocess.run([cc, *flags, str(source), "-o", str(target)], check=True)
+        built[f"scale_add_{version}"] = target
+    return built
 
 
 def ab_repo(tmp_path: Path, libraries: dict[str, Path], weights: dict[str, int] | None) -> Path:
@@ -240,7 +259,9 @@ def test_weight_change_through_the_load_api_under_traffic_drops_nothing(tmp_path
     errors: list[BaseException] = []
 
     def traffic(protocol: str) -> None:
-        client = (th if protocol == "http" else tg).InferenceServerClient(served.http if protocol == "http" else served.grpc)
+        client = (th if protocol == "http" else tg).InferenceServerClient(
+            served.http if protocol == "http" else served.grpc
+        )
         infer = http_infer if protocol == "http" else grpc_infer
         try:
             while not stop.is_set():
@@ -314,7 +335,9 @@ def test_a_policy_dropping_weighted_versions_falls_back_to_the_latest(tmp_path, 
         assert {served_version(grpc_infer(grpc)) for _ in range(50)} == {"1"}
         # Version 1 was served, so a policy that drops it moves its share: version 2 weighs 0,
         # so the latest loaded version (2) takes everything.
-        grpc.load_model("scale_add", config=json.dumps({"version_policy": {"latest": 1}, "ab": {"weights": {"1": 100, "2": 0}}}))
+        grpc.load_model(
+            "scale_add", config=json.dumps({"version_policy": {"latest": 1}, "ab": {"weights": {"1": 100, "2": 0}}})
+        )
         assert {served_version(http_infer(http)) for _ in range(50)} == {"2"}
         assert {served_version(grpc_infer(grpc, ab_key=f"k{i}")) for i in range(50)} == {"2"}
         http.close()
@@ -339,9 +362,17 @@ def test_a_policy_dropping_weighted_versions_falls_back_to_the_latest(tmp_path, 
     ],
 )
 def test_bad_weights_are_clear_load_errors(tmp_path, libraries, config, names):
-    served = serve(ab_repo(tmp_path, libraries, {"1": 90, "2": 10}), "--model-control-mode", "explicit", "--load-model", "scale_add")
+    served = serve(
+        ab_repo(tmp_path, libraries, {"1": 90, "2": 10}),
+        "--model-control-mode",
+        "explicit",
+        "--load-model",
+        "scale_add",
+    )
     try:
-        status, body = call(served, "POST", "/v2/repository/models/scale_add/load", {"parameters": {"config": json.dumps(config)}})
+        status, body = call(
+            served, "POST", "/v2/repository/models/scale_add/load", {"parameters": {"config": json.dumps(config)}}
+        )
         assert status == 400, body
         assert isinstance(body, dict) and names in body["error"], body
         grpc = tg.InferenceServerClient(served.grpc)
@@ -372,7 +403,9 @@ def test_bad_config_parameters_and_config_files(tmp_path, libraries):
         ]:
             status, body = call(served, "POST", "/v2/repository/models/scale_add/load", {"parameters": parameters})
             assert status == 400 and says in body["error"], (parameters, body)
-        status, body = call(served, "POST", "/v2/repository/models/scale_add/load", {"parameters": {"file:1/x.so": "AA=="}})
+        status, body = call(
+            served, "POST", "/v2/repository/models/scale_add/load", {"parameters": {"file:1/x.so": "AA=="}}
+        )
         assert status == 501, body
         # A good config over the API loads although config.toml is broken: it replaces the file.
         config = json.dumps({"version_policy": "all", "ab": {"weights": {"2": 1}}})

@@ -19,10 +19,10 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use tokio::net::TcpListener;
 
+use crate::ab::{self, WeightedRoute};
 use crate::datatype::Datatype;
 use crate::error::{Code, Result, ServeError};
 use crate::infer::{self, InferInput, InferRequest, InputData, Numbers, Output, Param, RequestedOutput};
-use crate::ab::{self, WeightedRoute};
 use crate::models::{check_name, ModelVersion, Target};
 use crate::repository::ModelConfig;
 use crate::server::{Server, BINARY_HEADER};
@@ -518,7 +518,10 @@ fn parse_request(s: &Server, model: &ModelVersion, headers: &HeaderMap, body: By
 enum SplitRequest {
     /// `Inference-Header-Content-Length: 0`: the body is the only input's bytes.
     Raw(Bytes),
-    Json { parsed: JsonRequest, binary: Bytes },
+    Json {
+        parsed: JsonRequest,
+        binary: Bytes,
+    },
 }
 
 fn split_request(headers: &HeaderMap, body: Bytes) -> Result<SplitRequest> {

@@ -393,7 +393,12 @@ impl Models {
         self.resolve_in(&table, name, version).map(Target::Version)
     }
 
-    fn resolve_in(&self, table: &BTreeMap<String, Model>, name: &str, version: Option<u32>) -> Result<Arc<ModelVersion>> {
+    fn resolve_in(
+        &self,
+        table: &BTreeMap<String, Model>,
+        name: &str,
+        version: Option<u32>,
+    ) -> Result<Arc<ModelVersion>> {
         let Some(model) = table.get(name) else {
             return Err(ServeError::not_found(format!(
                 "Request for unknown model: '{}' is not found",

@@ -492,7 +492,8 @@ mod tests {
 
     #[test]
     fn ab_weights_parse_and_bad_ones_name_the_key() {
-        let config = ModelConfig::parse("version_policy = \"all\"\n[ab]\nweights = { \"1\" = 90, \"2\" = 10 }").unwrap();
+        let config =
+            ModelConfig::parse("version_policy = \"all\"\n[ab]\nweights = { \"1\" = 90, \"2\" = 10 }").unwrap();
         let weights = config.ab.unwrap().weights;
         assert_eq!(weights.into_iter().collect::<Vec<_>>(), vec![(1, 90), (2, 10)]);
         let zero_allowed = ModelConfig::parse("[ab]\nweights = { \"1\" = 0, \"2\" = 1 }").unwrap();

@@ -257,8 +257,8 @@ impl Server {
                 models.unload(&name, dependents)
             }
         })
-            .await
-            .map_err(|e| ServeError::internal(format!("the load/unload task failed: {e}")))?
+        .await
+        .map_err(|e| ServeError::internal(format!("the load/unload task failed: {e}")))?
     }
 }
 
