@@ -8,9 +8,12 @@ use std::time::Instant;
 use tokio::net::TcpListener;
 use tonic::{Request, Response, Status};
 
+use crate::ab;
 use crate::datatype::Datatype;
 use crate::error::{Code, ServeError};
 use crate::infer::{self, InferInput, InferRequest, InputData, Numbers, Param, RequestedOutput};
+use crate::models::Target;
+use crate::repository;
 use crate::server::Server;
 
 #[allow(clippy::all, missing_debug_implementations, missing_docs, rustdoc::all)]
@@ -136,6 +139,23 @@ fn typed_contents(name: &str, datatype: &str, contents: InferTensorContents) -> 
     })
 }
 
+/// A weighted model's routing key: parameter `ab_key`, else `session_id`, else the
+/// `opbridge-session` metadata.
+fn routing_key(
+    message: &ModelInferRequest,
+    metadata: &tonic::metadata::MetadataMap,
+) -> Result<Option<String>, ServeError> {
+    if let Some((name, value)) = ab::KEY_PARAMS.iter().find_map(|k| message.parameters.get_key_value(*k)) {
+        let value = param(value).ok_or_else(|| ServeError::invalid(format!("parameter '{name}' has no value")))?;
+        return Ok(Some(ab::key_text(&value)));
+    }
+    let Some(session) = metadata.get(ab::SESSION_HEADER) else { return Ok(None) };
+    let text = session
+        .to_str()
+        .map_err(|_| ServeError::invalid(format!("metadata '{}' must be visible ASCII", ab::SESSION_HEADER)))?;
+    Ok(Some(text.to_string()))
+}
+
 fn to_request(message: ModelInferRequest) -> Result<InferRequest, ServeError> {
     let mut request = InferRequest { id: message.id, ..Default::default() };
     for (key, value) in &message.parameters {
@@ -240,9 +260,16 @@ impl GrpcInferenceService for Service {
     async fn model_infer(&self, request: Request<ModelInferRequest>) -> Result<Response<ModelInferResponse>, Status> {
         let started = Instant::now();
         self.authorized(&request, "infer")?;
-        let message = request.into_inner();
+        let (metadata, _, message) = request.into_parts();
         let version = version_arg(&message.model_version).map_err(|e| self.reject("infer", e))?;
-        let found = self.server.models.resolve(&message.model_name, version).map_err(|e| self.reject("infer", e))?;
+        let target = self.server.models.target(&message.model_name, version).map_err(|e| self.reject("infer", e))?;
+        let found = match target {
+            Target::Version(found) => found,
+            Target::Weighted(route) => {
+                let key = routing_key(&message, &metadata).map_err(|e| self.reject("infer", e))?;
+                route.pick(key.as_deref().map(str::as_bytes))
+            }
+        };
         // Counted as CANCELED if the client cancels (tonic then drops this future).
         let mut pending = infer::Pending::new(Arc::clone(&found), started, "grpc");
         pending.identify(&message.id);
@@ -352,13 +379,23 @@ impl GrpcInferenceService for Service {
     ) -> Result<Response<RepositoryModelLoadResponse>, Status> {
         self.server.authorize_control_grpc(request.metadata()).map_err(|e| self.reject("repository", e))?;
         let r = request.into_inner();
-        if !r.parameters.is_empty() {
-            let error =
-                ServeError::new(Code::Unimplemented, "loading with a config or files in the request is not supported");
-            return Err(self.reject("repository", error));
+        let mut config = None;
+        for (key, param) in &r.parameters {
+            use model_repository_parameter::ParameterChoice as P;
+            let outcome = match (key.as_str(), &param.parameter_choice) {
+                ("config", Some(P::StringParam(text))) => repository::ModelConfig::parse_json(text)
+                    .map(|parsed| config = Some(parsed))
+                    .map_err(|e| ServeError::invalid(format!("parameter 'config': {e}"))),
+                ("config", _) => Err(ServeError::invalid("parameter 'config' must be a string (a JSON object)")),
+                _ => Err(ServeError::new(Code::Unimplemented, "loading with files in the request is not supported")),
+            };
+            outcome.map_err(|e| self.reject("repository", e))?;
         }
         self.server.models.check_repository(&r.repository_name).map_err(|e| self.reject("repository", e))?;
-        self.server.control(&r.model_name, true, false).await.map_err(|e| self.reject("repository", e))?;
+        self.server
+            .control_with_config(&r.model_name, true, false, config)
+            .await
+            .map_err(|e| self.reject("repository", e))?;
         Ok(Response::new(RepositoryModelLoadResponse {}))
     }
 

@@ -19,10 +19,12 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use tokio::net::TcpListener;
 
+use crate::ab::{self, WeightedRoute};
 use crate::datatype::Datatype;
 use crate::error::{Code, Result, ServeError};
 use crate::infer::{self, InferInput, InferRequest, InputData, Numbers, Output, Param, RequestedOutput};
-use crate::models::{check_name, ModelVersion};
+use crate::models::{check_name, ModelVersion, Target};
+use crate::repository::ModelConfig;
 use crate::server::{Server, BINARY_HEADER};
 
 impl IntoResponse for ServeError {
@@ -508,6 +510,21 @@ fn json_numbers(input: &str, datatype: Datatype, data: &Value, limit_bytes: usiz
 /// The request's JSON header and binary tensors, as a protocol-neutral request, plus whether
 /// outputs default to binary.
 fn parse_request(s: &Server, model: &ModelVersion, headers: &HeaderMap, body: Bytes) -> Result<(InferRequest, bool)> {
+    convert_request(s, model, split_request(headers, body)?)
+}
+
+/// A request body before a version is chosen: its JSON header parsed, its binary tensors not.
+#[derive(Debug)]
+enum SplitRequest {
+    /// `Inference-Header-Content-Length: 0`: the body is the only input's bytes.
+    Raw(Bytes),
+    Json {
+        parsed: JsonRequest,
+        binary: Bytes,
+    },
+}
+
+fn split_request(headers: &HeaderMap, body: Bytes) -> Result<SplitRequest> {
     let header_len = match headers.get(BINARY_HEADER) {
         None => None,
         Some(v) => Some(
@@ -518,7 +535,7 @@ fn parse_request(s: &Server, model: &ModelVersion, headers: &HeaderMap, body: By
         ),
     };
     if header_len == Some(0) {
-        return raw_binary_request(model, body);
+        return Ok(SplitRequest::Raw(body));
     }
     let split = header_len.unwrap_or(body.len());
     if split > body.len() {
@@ -528,12 +545,34 @@ fn parse_request(s: &Server, model: &ModelVersion, headers: &HeaderMap, body: By
         )));
     }
     let header = body.slice(..split);
-    let mut binary = body.slice(split..);
+    let binary = body.slice(split..);
     let parsed: std::result::Result<JsonRequest, _> = match rewrite_non_finite(&header) {
         Some(rewritten) => serde_json::from_slice(&rewritten),
         None => serde_json::from_slice(&header),
     };
     let parsed = parsed.map_err(|e| ServeError::invalid(format!("failed to parse the request JSON: {e}")))?;
+    Ok(SplitRequest::Json { parsed, binary })
+}
+
+/// A weighted model's routing key: parameter `ab_key`, else `session_id`, else the
+/// `opbridge-session` header.
+fn routing_key(split: &SplitRequest, headers: &HeaderMap) -> Result<Option<Vec<u8>>> {
+    if let SplitRequest::Json { parsed, .. } = split {
+        let params = parsed.parameters.as_ref();
+        if let Some((name, value)) = ab::KEY_PARAMS.iter().find_map(|k| params.and_then(|p| p.get_key_value(*k))) {
+            return Ok(Some(ab::key_text(&param(name, value)?).into_bytes()));
+        }
+    }
+    Ok(headers.get(ab::SESSION_HEADER).map(|v| v.as_bytes().to_vec()))
+}
+
+/// The split request as a protocol-neutral request for `model`, plus whether outputs default
+/// to binary.
+fn convert_request(s: &Server, model: &ModelVersion, split: SplitRequest) -> Result<(InferRequest, bool)> {
+    let (parsed, mut binary) = match split {
+        SplitRequest::Raw(body) => return raw_binary_request(model, body),
+        SplitRequest::Json { parsed, binary } => (parsed, binary),
+    };
     let mut request = InferRequest {
         id: match parsed.id {
             None => String::new(),
@@ -712,9 +751,10 @@ async fn infer_http(
         Err(rejection) => return drain_or_close(rejection, body, &headers).await,
     };
     // Auth and the model first: neither needs the body, which is then drained or abandoned.
-    let front = s.authorize(&headers).and_then(|_| s.models.resolve(&p.model, p.version));
+    let front = s.authorize(&headers).and_then(|_| s.models.target(&p.model, p.version));
     let found = match front {
-        Ok(found) => found,
+        Ok(Target::Version(found)) => found,
+        Ok(Target::Weighted(route)) => return infer_weighted(s, &p.model, route, headers, body, started).await,
         Err(e) => return answer_unread(&s, "infer", e, body, &headers).await,
     };
     let (limit, raise) = request_limit(&found, s.limits.http_max_input_size, "--http-max-input-size");
@@ -743,14 +783,76 @@ async fn infer_http(
     outcome.unwrap_or_else(IntoResponse::into_response)
 }
 
+/// An unversioned request to a model with `[ab]` weights: the body is read first (its
+/// parameters may hold the routing key), within the largest limit of the versions it may go
+/// to; the version chosen then checks its own limit, counts the request in its statistics
+/// (CANCELED included) and serves it.
+async fn infer_weighted(
+    s: Arc<Server>,
+    model: &str,
+    route: Arc<WeightedRoute>,
+    headers: HeaderMap,
+    body: Body,
+    started: Instant,
+) -> Response {
+    let server_limit = s.limits.http_max_input_size;
+    let limit = route.request_limit(server_limit);
+    let raise = limit_hint(model, limit, server_limit, "--http-max-input-size");
+    let body = match read_body(&headers, body, limit, &raise).await {
+        Ok(body) => body,
+        Err(BodyError { error, unread }) => {
+            let mut response = answer(&s, Err(("infer", error)));
+            if unread {
+                close_connection(&mut response);
+            }
+            return response;
+        }
+    };
+    let size = body.len();
+    // Parse errors come before any version is chosen: front-end rejections, like a bad path.
+    let routed = split_request(&headers, body).and_then(|split| Ok((routing_key(&split, &headers)?, split)));
+    let (key, split) = match routed {
+        Ok(routed) => routed,
+        Err(e) => return answer(&s, Err(("infer", e))),
+    };
+    let found = route.pick(key.as_deref());
+    drop(route);
+    let mut pending = infer::Pending::new(Arc::clone(&found), started, "http");
+    let outcome = async {
+        let (limit, raise) = request_limit(&found, server_limit, "--http-max-input-size");
+        if size > limit {
+            return Err(ServeError::new(
+                Code::TooLarge,
+                format!(
+                    "request body of {size} bytes exceeds the maximum allowed input size of {limit} bytes of version \
+                     {}. {raise}",
+                    found.version
+                ),
+            ));
+        }
+        let (request, binary_default) = convert_request(&s, &found, split)?;
+        pending.identify(&request.id);
+        let id = request.id.clone();
+        let outputs = infer::infer(Arc::clone(&found), request, server_limit).await?;
+        Ok::<_, ServeError>(encode_response(&found, id, outputs, binary_default))
+    }
+    .await;
+    pending.finish(outcome.as_ref().map(|_| ()));
+    outcome.unwrap_or_else(IntoResponse::into_response)
+}
+
 /// The largest request `model` takes and how to raise it: the server's `flag`, or the
 /// model's own `max_request_bytes` when that is lower.
 pub(crate) fn request_limit(model: &ModelVersion, server_limit: usize, flag: &str) -> (usize, String) {
     let limit = model.request_limit(server_limit);
+    (limit, limit_hint(&model.model, limit, server_limit, flag))
+}
+
+fn limit_hint(model: &str, limit: usize, server_limit: usize, flag: &str) -> String {
     if limit < server_limit {
-        (limit, format!("The limit is max_request_bytes in the config.toml of model '{}'.", model.model))
+        format!("The limit is max_request_bytes in the config.toml of model '{model}'.")
     } else {
-        (limit, format!("Use {flag} to increase the limit."))
+        format!("Use {flag} to increase the limit.")
     }
 }
 
@@ -862,6 +964,7 @@ async fn repository_control(s: Arc<Server>, model: String, headers: HeaderMap, b
                 .map_err(|e| ServeError::invalid(format!("failed to parse the request JSON: {e}")))?
         };
         let mut dependents = false;
+        let mut config = None;
         for (key, value) in request.parameters.iter().flatten() {
             match key.as_str() {
                 "unload_dependents" if !load => {
@@ -869,8 +972,14 @@ async fn repository_control(s: Arc<Server>, model: String, headers: HeaderMap, b
                         ServeError::invalid(format!("parameter 'unload_dependents' must be a boolean, got {value}"))
                     })?
                 }
-                "config" => {
-                    return Err(ServeError::new(Code::Unimplemented, "loading with a config override is not supported"))
+                "config" if load => {
+                    let text = value.as_str().ok_or_else(|| {
+                        ServeError::invalid("parameter 'config' must be a string holding a JSON object")
+                    })?;
+                    config = Some(
+                        ModelConfig::parse_json(text)
+                            .map_err(|e| ServeError::invalid(format!("parameter 'config': {e}")))?,
+                    );
                 }
                 key if key.starts_with("file:") => {
                     return Err(ServeError::new(
@@ -886,7 +995,7 @@ async fn repository_control(s: Arc<Server>, model: String, headers: HeaderMap, b
                 }
             }
         }
-        s.control(&model, load, dependents).await?;
+        s.control_with_config(&model, load, dependents, config).await?;
         Ok(json_response(json!({})))
     }
     .await;

@@ -122,8 +122,16 @@ impl Output {
 /// Parameters of the protocol itself, never operator attributes: honoured elsewhere or ignored,
 /// as Triton does.
 fn is_protocol_param(name: &str) -> bool {
-    matches!(name, "binary_data_output" | "priority" | "timeout" | "headers" | "triton_enable_empty_final_response")
-        || name.starts_with("sequence_")
+    matches!(
+        name,
+        "binary_data_output"
+            | "priority"
+            | "timeout"
+            | "headers"
+            | "triton_enable_empty_final_response"
+            | "ab_key"
+            | "session_id"
+    ) || name.starts_with("sequence_")
 }
 
 /// Triton's per-tensor parameters of extensions this server does not implement.

@@ -6,6 +6,7 @@
 //! - [`infer`]: one inference, protocol-neutral: validate, decode into pooled memory, run.
 //! - [`http`] and [`grpc`]: the two front ends; [`metrics`]: Prometheus text with Triton's names.
 
+pub mod ab;
 pub mod cli;
 pub mod datatype;
 pub mod error;

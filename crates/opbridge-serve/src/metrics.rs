@@ -153,6 +153,23 @@ impl Metrics {
         per_model(&mut out, "nv_model_load_duration_secs", "gauge", "Model load time in seconds", &|v| {
             format!("{}", v.load_seconds)
         });
+        // Only models with weights: the label set stays the loaded versions of those.
+        let weighted: Vec<_> = loaded.iter().filter(|v| v.config.ab.is_some()).collect();
+        if !weighted.is_empty() {
+            let _ = writeln!(
+                out,
+                "# HELP opbridge_ab_routed_total Unversioned requests the model's [ab] weights routed to the version\n# TYPE opbridge_ab_routed_total counter"
+            );
+            for v in weighted {
+                let _ = writeln!(
+                    out,
+                    "opbridge_ab_routed_total{{model=\"{}\",version=\"{}\"}} {}",
+                    escape(&v.model),
+                    v.version,
+                    load(&v.stats.ab_routed)
+                );
+            }
+        }
         let _ = writeln!(
             out,
             "# HELP opbridge_requests_rejected_total Requests rejected by the front end, by protocol, endpoint and status code\n# TYPE opbridge_requests_rejected_total counter"

@@ -13,6 +13,7 @@ use opbridge_ops::plugin::Library;
 use opbridge_ops::{AttrValue, Entry, Registry};
 use opbridge_runtime::{DeviceContext, DeviceId};
 
+use crate::ab::WeightedRoute;
 use crate::error::{Result, ServeError};
 use crate::executor::Executor;
 use crate::infer::Param;
@@ -43,6 +44,8 @@ pub struct Stats {
     /// End-to-end time of every request (successful or not), for the request duration counter.
     pub request_ns: AtomicU64,
     pub failures: crate::metrics::Failures,
+    /// Unversioned requests the model's `[ab]` weights sent here.
+    pub ab_routed: AtomicU64,
 }
 
 /// A `{count, ns}` statistic.
@@ -138,6 +141,9 @@ struct Model {
     known_versions: BTreeSet<u32>,
     /// The folder as last loaded (poll mode reloads when it changes).
     fingerprint: Option<Fingerprint>,
+    /// Where unversioned requests go when the config has `[ab]` weights (rebuilt with
+    /// `versions`); `None`: the latest version.
+    route: Option<Arc<WeightedRoute>>,
 }
 
 impl Model {
@@ -148,8 +154,25 @@ impl Model {
             origin,
             known_versions: BTreeSet::new(),
             fingerprint: None,
+            route: None,
         }
     }
+
+    /// Replaces the loaded versions (and the route over them); returns the old ones.
+    fn swap_versions(&mut self, versions: BTreeMap<u32, Arc<ModelVersion>>) -> BTreeMap<u32, Arc<ModelVersion>> {
+        // Every version of one load shares its config: any of them says the weights.
+        let weights = versions.values().next().and_then(|v| v.config.ab.as_ref()).map(|ab| &ab.weights);
+        self.route = weights.and_then(|w| WeightedRoute::new(w, &versions)).map(Arc::new);
+        std::mem::replace(&mut self.versions, versions)
+    }
+}
+
+/// Where an inference goes: a version, or a weighted model's route (picked once the request's
+/// routing key is known).
+#[derive(Debug)]
+pub enum Target {
+    Version(Arc<ModelVersion>),
+    Weighted(Arc<WeightedRoute>),
 }
 
 type Fingerprint = Vec<(PathBuf, u64, Option<std::time::SystemTime>)>;
@@ -354,7 +377,28 @@ impl Models {
     /// The loaded version `version` of `name` (or its latest loaded version).
     pub fn resolve(&self, name: &str, version: Option<u32>) -> Result<Arc<ModelVersion>> {
         check_name(name)?;
+        self.resolve_in(&self.read(), name, version)
+    }
+
+    /// Where an inference to `name` goes: the version asked for, else the model's weighted
+    /// route when its config has `[ab]` weights, else its latest version.
+    pub fn target(&self, name: &str, version: Option<u32>) -> Result<Target> {
+        check_name(name)?;
         let table = self.read();
+        if version.is_none() {
+            if let Some(route) = table.get(name).and_then(|m| m.route.as_ref()) {
+                return Ok(Target::Weighted(Arc::clone(route)));
+            }
+        }
+        self.resolve_in(&table, name, version).map(Target::Version)
+    }
+
+    fn resolve_in(
+        &self,
+        table: &BTreeMap<String, Model>,
+        name: &str,
+        version: Option<u32>,
+    ) -> Result<Arc<ModelVersion>> {
         let Some(model) = table.get(name) else {
             return Err(ServeError::not_found(format!(
                 "Request for unknown model: '{}' is not found",
@@ -387,6 +431,13 @@ impl Models {
     /// versions are made first, then swapped in, so a reload never drops availability and a
     /// failed one leaves the old versions serving. Blocks (call it off the async runtime).
     pub fn load(&self, name: &str) -> Result<()> {
+        self.load_with_config(name, None)
+    }
+
+    /// [`Models::load`] with `config` (the load API's `config` parameter) in place of the
+    /// folder's `config.toml`, for this load only (Triton's rule): the next load without one
+    /// reads the file again.
+    pub fn load_with_config(&self, name: &str, config: Option<ModelConfig>) -> Result<()> {
         check_name(name)?;
         let lock = self.control_lock(name);
         let _one_at_a_time = lock.lock().unwrap_or_else(|p| p.into_inner());
@@ -395,10 +446,15 @@ impl Models {
             Origin::Repository(i) => self.repositories[i].fingerprint(name),
             Origin::Builtin => None,
         };
-        let built = match origin {
-            Origin::Builtin => self.build_builtin(name),
-            Origin::Repository(i) => self.build_from_folder(&self.repositories[i], name),
+        let built = match (origin, config) {
+            (Origin::Builtin, None) => self.build_builtin(name),
+            (Origin::Builtin, Some(_)) => Err(ServeError::invalid(format!(
+                "a config applies to repository models; '{}' is a built-in operator",
+                truncate(name, 64)
+            ))),
+            (Origin::Repository(i), config) => self.build_from_folder(&self.repositories[i], name, config),
         };
+        let built = built.and_then(|versions| self.check_weights(name, versions));
         let versions = match built {
             Ok(versions) => versions,
             Err(error) => {
@@ -419,7 +475,7 @@ impl Models {
             model.origin = origin;
             model.fingerprint = fingerprint;
             model.known_versions.extend(versions.keys().copied());
-            std::mem::replace(&mut model.versions, versions)
+            model.swap_versions(versions)
         };
         // Replaced versions are not drained: a request that resolved one just before the swap
         // still submits to it (a reload never answers 503). Each closes its queue, and unloads
@@ -466,6 +522,34 @@ impl Models {
         }))
     }
 
+    /// Refuses weights for a version this load does not serve, unless the version was served
+    /// until now: then its folder went, or the policy dropped it, and its share is spread over
+    /// the others (a warning says so). A version never served is a mistake in the config.
+    fn check_weights(
+        &self,
+        name: &str,
+        versions: BTreeMap<u32, Arc<ModelVersion>>,
+    ) -> Result<BTreeMap<u32, Arc<ModelVersion>>> {
+        let Some(ab) = versions.values().next().and_then(|v| v.config.ab.clone()) else { return Ok(versions) };
+        let served_before: BTreeSet<u32> =
+            self.read().get(name).map(|m| m.versions.keys().copied().collect()).unwrap_or_default();
+        let loading: Vec<String> = versions.keys().map(u32::to_string).collect();
+        for version in ab.weights.keys().filter(|v| !versions.contains_key(v)) {
+            if served_before.contains(version) {
+                tracing::warn!(
+                    model = name,
+                    "'ab.weights' names version {version}, which is no longer served: its share goes to the others"
+                );
+            } else {
+                return Err(ServeError::invalid(format!(
+                    "'ab.weights' names version {version}, which is not served (this load serves versions [{}])",
+                    loading.join(", ")
+                )));
+            }
+        }
+        Ok(versions)
+    }
+
     /// A built-in operator: every version it has.
     fn build_builtin(&self, name: &str) -> Result<BTreeMap<u32, Arc<ModelVersion>>> {
         let config = Arc::new(ModelConfig { version_policy: VersionPolicy::All, ..ModelConfig::default() });
@@ -486,8 +570,13 @@ impl Models {
     }
 
     /// A repository model folder: an alias, or a plugin model's selected versions.
-    fn build_from_folder(&self, repository: &Repository, name: &str) -> Result<BTreeMap<u32, Arc<ModelVersion>>> {
-        let folder = repository.model(name)?;
+    fn build_from_folder(
+        &self,
+        repository: &Repository,
+        name: &str,
+        config: Option<ModelConfig>,
+    ) -> Result<BTreeMap<u32, Arc<ModelVersion>>> {
+        let folder = repository.model_with_config(name, config)?;
         let config = Arc::new(folder.config.clone());
         let mut versions = BTreeMap::new();
         if let Some(alias) = &config.alias {
@@ -593,7 +682,7 @@ impl Models {
         let old = {
             let mut table = self.write();
             match table.get_mut(name) {
-                Some(model) => std::mem::take(&mut model.versions),
+                Some(model) => model.swap_versions(BTreeMap::new()),
                 None => {
                     // Known to a repository but never loaded: nothing to do.
                     let origin = self.locate(name).map_err(|_| {

@@ -58,6 +58,13 @@ pub struct AliasConfig {
     pub attributes: Vec<(String, toml::Value)>,
 }
 
+/// `[ab]`: how unversioned requests are shared between the loaded versions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AbConfig {
+    /// Version → weight, at least one positive; a loaded version not listed weighs 0.
+    pub weights: BTreeMap<u32, u32>,
+}
+
 /// A model folder's `config.toml`. Every key is optional; unknown keys are an error.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
@@ -68,6 +75,7 @@ pub struct ModelConfig {
     /// The byte quota of each session's pool for this model (else `--session-quota`).
     pub session_quota: Option<usize>,
     pub alias: Option<AliasConfig>,
+    pub ab: Option<AbConfig>,
 }
 
 impl Default for ModelConfig {
@@ -79,13 +87,15 @@ impl Default for ModelConfig {
             max_request_bytes: None,
             session_quota: None,
             alias: None,
+            ab: None,
         }
     }
 }
 
 const TOP_KEYS: &[&str] =
-    &["version_policy", "device", "max_queue_size", "max_request_bytes", "session_quota", "alias"];
+    &["version_policy", "device", "max_queue_size", "max_request_bytes", "session_quota", "alias", "ab"];
 const ALIAS_KEYS: &[&str] = &["op", "version", "attributes"];
+const AB_KEYS: &[&str] = &["weights"];
 
 fn unknown_key(key: &str, table: &str, known: &[&str]) -> String {
     format!("unknown key '{key}' in {table} (known keys: {})", known.join(", "))
@@ -106,8 +116,22 @@ impl ModelConfig {
     /// Parses the text of a `config.toml`; the error names the offending key.
     pub fn parse(text: &str) -> std::result::Result<ModelConfig, String> {
         let table: toml::Table = text.parse().map_err(|e: toml::de::Error| e.message().to_string())?;
+        ModelConfig::from_table(&table)
+    }
+
+    /// Parses the repository load API's `config` parameter: a JSON object with the keys of
+    /// `config.toml` (`{"version_policy": "all", "ab": {"weights": {"1": 90, "2": 10}}}`).
+    pub fn parse_json(text: &str) -> std::result::Result<ModelConfig, String> {
+        let value: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
+        match json_to_toml(&value)? {
+            toml::Value::Table(table) => ModelConfig::from_table(&table),
+            _ => Err(format!("must be a JSON object, got {}", crate::models::truncate(&value.to_string(), 32))),
+        }
+    }
+
+    fn from_table(table: &toml::Table) -> std::result::Result<ModelConfig, String> {
         let mut config = ModelConfig::default();
-        for (key, value) in &table {
+        for (key, value) in table {
             match key.as_str() {
                 "version_policy" => config.version_policy = parse_policy(value)?,
                 "device" => {
@@ -118,11 +142,68 @@ impl ModelConfig {
                 "max_request_bytes" => config.max_request_bytes = Some(positive(value, key)? as usize),
                 "session_quota" => config.session_quota = Some(positive(value, key)? as usize),
                 "alias" => config.alias = Some(parse_alias(value)?),
+                "ab" => config.ab = Some(parse_ab(value)?),
                 other => return Err(unknown_key(other, "the config", TOP_KEYS)),
             }
         }
+        // Weights of versions this load does not serve are judged at load (Models::load).
         Ok(config)
     }
+}
+
+/// A JSON value as the TOML value it stands for (the load API's config has TOML's keys).
+fn json_to_toml(value: &serde_json::Value) -> std::result::Result<toml::Value, String> {
+    use serde_json::Value as J;
+    Ok(match value {
+        J::Bool(b) => toml::Value::Boolean(*b),
+        J::Number(n) => match (n.as_i64(), n.as_f64()) {
+            (Some(i), _) => toml::Value::Integer(i),
+            (None, Some(x)) if n.is_f64() => toml::Value::Float(x),
+            _ => return Err(format!("number {n} is out of range")),
+        },
+        J::String(s) => toml::Value::String(s.clone()),
+        J::Array(items) => toml::Value::Array(items.iter().map(json_to_toml).collect::<std::result::Result<_, _>>()?),
+        J::Object(map) => toml::Value::Table(
+            map.iter().map(|(k, v)| Ok((k.clone(), json_to_toml(v)?))).collect::<std::result::Result<_, String>>()?,
+        ),
+        J::Null => return Err("null is not a config value (leave the key out)".into()),
+    })
+}
+
+/// `[ab] weights = { "1" = 90, "2" = 10 }`: keys are version numbers, weights non-negative
+/// integers (at most 2^32 - 1, so their sum cannot overflow), at least one positive.
+fn parse_ab(value: &toml::Value) -> std::result::Result<AbConfig, String> {
+    let table = value.as_table().ok_or_else(|| format!("[ab] must be a table, got {value}"))?;
+    let mut weights = None;
+    for (key, value) in table {
+        match key.as_str() {
+            "weights" => {
+                let given = value
+                    .as_table()
+                    .ok_or_else(|| format!("'ab.weights' must be a table of version = weight, got {value}"))?;
+                let mut parsed = BTreeMap::new();
+                for (version, weight) in given {
+                    let number = version_folder(version).ok_or_else(|| {
+                        format!(
+                            "'ab.weights' key {:?} is not a version number (a positive integer like \"1\")",
+                            crate::models::truncate(version, 16)
+                        )
+                    })?;
+                    let weight = weight.as_integer().and_then(|w| u32::try_from(w).ok()).ok_or_else(|| {
+                        format!("'ab.weights.\"{version}\"' must be a non-negative integer below 2^32, got {weight}")
+                    })?;
+                    parsed.insert(number, weight);
+                }
+                if !parsed.values().any(|&w| w > 0) {
+                    return Err("'ab.weights' needs at least one positive weight".into());
+                }
+                weights = Some(parsed);
+            }
+            other => return Err(unknown_key(other, "[ab]", AB_KEYS)),
+        }
+    }
+    let weights = weights.ok_or("[ab] needs 'weights', a table of version = weight")?;
+    Ok(AbConfig { weights })
 }
 
 fn parse_policy(value: &toml::Value) -> std::result::Result<VersionPolicy, String> {
@@ -235,6 +316,12 @@ impl Repository {
 
     /// The model folder `name`, resolved and contained, with its config parsed.
     pub fn model(&self, name: &str) -> Result<ModelFolder> {
+        self.model_with_config(name, None)
+    }
+
+    /// The same, with `config` (the load API's override) in place of the folder's
+    /// `config.toml`, which is then not read.
+    pub fn model_with_config(&self, name: &str, config: Option<ModelConfig>) -> Result<ModelFolder> {
         check_name(name)?;
         let dir = self.contain(&self.root.join(name))?;
         if dir.parent() != Some(self.root.as_path()) {
@@ -243,7 +330,9 @@ impl Repository {
             return Err(ServeError::invalid(format!("model folder '{name}' is a link to another folder: refused")));
         }
         let config_path = dir.join(CONFIG_FILE);
-        let config = if config_path.exists() {
+        let config = if let Some(config) = config {
+            config
+        } else if config_path.exists() {
             let real = self.contain(&config_path)?;
             let text = fs::read_to_string(&real)
                 .map_err(|e| ServeError::invalid(format!("{}: {e}", self.shown(&config_path))))?;
@@ -405,6 +494,56 @@ mod tests {
         assert_eq!(version_folder("12"), Some(12));
         for bad in ["0", "01", "-1", "1a", "", "+1", "99999999999"] {
             assert_eq!(version_folder(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn ab_weights_parse_and_bad_ones_name_the_key() {
+        let config =
+            ModelConfig::parse("version_policy = \"all\"\n[ab]\nweights = { \"1\" = 90, \"2\" = 10 }").unwrap();
+        let weights = config.ab.unwrap().weights;
+        assert_eq!(weights.into_iter().collect::<Vec<_>>(), vec![(1, 90), (2, 10)]);
+        let zero_allowed = ModelConfig::parse("[ab]\nweights = { \"1\" = 0, \"2\" = 1 }").unwrap();
+        assert_eq!(zero_allowed.ab.unwrap().weights[&1], 0);
+        for (bad, names) in [
+            ("[ab]\nweights = { \"1\" = -1 }", "ab.weights.\"1\""),
+            ("[ab]\nweights = { \"1\" = 1.5 }", "ab.weights.\"1\""),
+            ("[ab]\nweights = { \"1\" = 4294967296 }", "ab.weights.\"1\""),
+            ("[ab]\nweights = { \"v1\" = 1 }", "'ab.weights' key \"v1\""),
+            ("[ab]\nweights = { \"01\" = 1 }", "'ab.weights' key \"01\""),
+            ("[ab]\nweights = { \"0\" = 1 }", "'ab.weights' key \"0\""),
+            ("[ab]\nweights = { \"1\" = 0, \"2\" = 0 }", "at least one positive"),
+            ("[ab]\nweights = {}", "at least one positive"),
+            ("[ab]\nweights = 3", "'ab.weights' must be a table"),
+            ("[ab]\nweight = { \"1\" = 1 }", "unknown key 'weight' in [ab]"),
+            ("[ab]", "[ab] needs 'weights'"),
+            ("ab = 1", "[ab] must be a table"),
+        ] {
+            let error = ModelConfig::parse(bad).unwrap_err();
+            assert!(error.contains(names), "{bad}: {error}");
+        }
+    }
+
+    #[test]
+    fn the_load_apis_json_config_has_the_toml_keys() {
+        let json = r#"{"version_policy": "all", "max_queue_size": 8, "ab": {"weights": {"1": 90, "2": 10}}}"#;
+        let from_json = ModelConfig::parse_json(json).unwrap();
+        let from_toml = ModelConfig::parse(
+            "version_policy = \"all\"\nmax_queue_size = 8\n[ab]\nweights = { \"1\" = 90, \"2\" = 10 }",
+        )
+        .unwrap();
+        assert_eq!(from_json, from_toml);
+        let specific = ModelConfig::parse_json(r#"{"version_policy": {"specific": [2]}}"#).unwrap();
+        assert_eq!(specific.version_policy, VersionPolicy::Specific(vec![2]));
+        for (bad, says) in [
+            ("[1]", "must be a JSON object"),
+            ("{", "not JSON"),
+            (r#"{"ab": {"weights": {"1": -5}}}"#, "ab.weights.\"1\""),
+            (r#"{"ab": null}"#, "null"),
+            (r#"{"weights": {}}"#, "unknown key 'weights'"),
+        ] {
+            let error = ModelConfig::parse_json(bad).unwrap_err();
+            assert!(error.contains(says), "{bad}: {error}");
         }
     }
 }

@@ -11,6 +11,7 @@ use crate::datatype::Datatype;
 use crate::error::{Code, Result, ServeError};
 use crate::metrics::Metrics;
 use crate::models::{ModelVersion, Models};
+use crate::repository::ModelConfig;
 
 /// The binary tensor extension's header.
 pub const BINARY_HEADER: &str = "inference-header-content-length";
@@ -188,6 +189,12 @@ impl Server {
         for (k, v) in &found.fixed {
             parameters.insert(format!("fixed.{k}"), json!({"string_value": v.to_string()}));
         }
+        if let Some(ab) = &found.config.ab {
+            // Triton's config has no A/B routing: the weights travel as parameters.
+            for (version, weight) in &ab.weights {
+                parameters.insert(format!("ab.weights.{version}"), json!({"string_value": weight.to_string()}));
+            }
+        }
         Ok(json!({
             "name": found.model,
             "platform": "opbridge",
@@ -215,6 +222,18 @@ impl Server {
     /// Loads or unloads a model (explicit and poll modes), off the async runtime.
     /// `dependents` (unload only): also unload the alias models serving it.
     pub async fn control(&self, name: &str, load: bool, dependents: bool) -> Result<()> {
+        self.control_with_config(name, load, dependents, None).await
+    }
+
+    /// [`Server::control`], a load taking `config` (the load API's `config` parameter) in
+    /// place of the model folder's `config.toml`.
+    pub async fn control_with_config(
+        &self,
+        name: &str,
+        load: bool,
+        dependents: bool,
+        config: Option<ModelConfig>,
+    ) -> Result<()> {
         let refused = match self.mode {
             ControlMode::None => Some("in model control mode 'none'"),
             ControlMode::Poll => Some("if polling is enabled (model control mode 'poll')"),
@@ -231,9 +250,15 @@ impl Server {
         }
         let models = Arc::clone(&self.models);
         let name = name.to_string();
-        tokio::task::spawn_blocking(move || if load { models.load(&name) } else { models.unload(&name, dependents) })
-            .await
-            .map_err(|e| ServeError::internal(format!("the load/unload task failed: {e}")))?
+        tokio::task::spawn_blocking(move || {
+            if load {
+                models.load_with_config(&name, config)
+            } else {
+                models.unload(&name, dependents)
+            }
+        })
+        .await
+        .map_err(|e| ServeError::internal(format!("the load/unload task failed: {e}")))?
     }
 }
 
