@@ -10,11 +10,12 @@ use bytes::Bytes;
 use opbridge_ops::dispatch::{self, HostOutputs};
 use opbridge_ops::schema::{AttrSpec, InputSpec};
 use opbridge_ops::{AttrValue, Meta, Plan, TensorView};
-use opbridge_runtime::{DType, DeviceContext, HostBytes, StreamId, Tensor};
+use opbridge_runtime::{Allocate, DType, DeviceContext, HostBytes, StreamId, Tensor};
 
 use crate::datatype::Datatype;
 use crate::error::{Code, Result, ServeError};
 use crate::models::{truncate, ModelVersion};
+use crate::sessions::Lease;
 
 /// A request parameter's value (JSON scalar or gRPC `InferParameter`).
 #[derive(Debug, Clone, PartialEq)]
@@ -244,7 +245,12 @@ pub struct Prepared {
 
 /// Checks `request` against `model` and writes its inputs into pooled memory. Every client
 /// mistake is an `InvalidArgument` (or `TooLarge`) here, before anything runs.
-pub fn prepare(model: &ModelVersion, request: InferRequest, max_input_bytes: usize) -> Result<Prepared> {
+pub fn prepare(
+    model: &ModelVersion,
+    request: InferRequest,
+    max_input_bytes: usize,
+    session: Option<&Lease>,
+) -> Result<Prepared> {
     let started = Instant::now();
     let schema = model.entry.schema();
     let name = &model.model;
@@ -327,12 +333,13 @@ pub fn prepare(model: &ModelVersion, request: InferRequest, max_input_bytes: usi
         }
     }
 
-    let ctx = DeviceContext::get(model.device)?;
-    let mut inputs = Vec::with_capacity(slots.len());
+    // Every input checked, and the call planned, before anything is allocated: a session's
+    // quota is then checked against the whole request's need.
+    let mut checked = Vec::with_capacity(slots.len());
     let mut metas = Vec::with_capacity(slots.len());
     for (spec, slot) in schema.inputs.iter().zip(slots) {
         let Some(input) = slot else {
-            inputs.push(None);
+            checked.push(None);
             metas.push(None);
             continue;
         };
@@ -356,36 +363,52 @@ pub fn prepare(model: &ModelVersion, request: InferRequest, max_input_bytes: usi
                 ),
             ));
         }
-        let mut tensor = Tensor::empty(ctx, &shape, dtype, StreamId::HOST)?;
         match &input.data {
-            InputData::Raw(raw) => {
-                if raw.len() != bytes {
-                    return Err(ServeError::invalid(format!(
-                        "input byte size mismatch for input '{}' for model '{name}'. Expected {bytes}, got {}",
-                        input.name,
-                        raw.len()
-                    )));
-                }
-                tensor.write_from_host(raw)?;
+            InputData::Raw(raw) if raw.len() != bytes => {
+                return Err(ServeError::invalid(format!(
+                    "input byte size mismatch for input '{}' for model '{name}'. Expected {bytes}, got {}",
+                    input.name,
+                    raw.len()
+                )));
             }
-            InputData::Numbers(numbers) => {
-                let count = count.unwrap_or(0);
-                if numbers.len() != count {
-                    return Err(ServeError::invalid(format!(
-                        "unexpected number of elements for input '{}' of model '{name}': shape {:?} holds {count}, got {}",
-                        input.name,
-                        input.shape,
-                        numbers.len()
-                    )));
-                }
-                let encoded = encode_numbers(&input.name, numbers, dtype)?;
-                tensor.write_from_host(&encoded)?;
+            InputData::Numbers(numbers) if numbers.len() != count.unwrap_or(0) => {
+                return Err(ServeError::invalid(format!(
+                    "unexpected number of elements for input '{}' of model '{name}': shape {:?} holds {}, got {}",
+                    input.name,
+                    input.shape,
+                    count.unwrap_or(0),
+                    numbers.len()
+                )));
             }
+            _ => {}
         }
         metas.push(Some(Meta::new(dtype, &shape)));
-        inputs.push(Some(Arc::new(tensor)));
+        checked.push(Some((input, dtype, shape)));
     }
     let plan = dispatch::plan(&model.entry, &metas, &attrs)?;
+    let ctx = DeviceContext::get(model.device)?;
+    if let Some(lease) = session {
+        let block = |meta: &Meta| lease.pool.parent().block_size(meta.shape.iter().product::<usize>() * meta.dtype.size());
+        let need = metas.iter().flatten().chain(&plan.outputs).map(block).sum();
+        lease.check_need(need)?;
+    }
+    let alloc: &dyn Allocate = match session {
+        Some(lease) => &lease.pool,
+        None => ctx.pool(),
+    };
+    let mut inputs = Vec::with_capacity(checked.len());
+    for slot in checked {
+        let Some((input, dtype, shape)) = slot else {
+            inputs.push(None);
+            continue;
+        };
+        let mut tensor = Tensor::empty_in(alloc, &shape, dtype, StreamId::HOST)?;
+        match &input.data {
+            InputData::Raw(raw) => tensor.write_from_host(raw)?,
+            InputData::Numbers(numbers) => tensor.write_from_host(&encode_numbers(&input.name, numbers, dtype)?)?,
+        }
+        inputs.push(Some(Arc::new(tensor)));
+    }
     Ok(Prepared {
         attrs,
         inputs,
@@ -461,17 +484,26 @@ fn encode_numbers(input: &str, numbers: &Numbers, dtype: DType) -> Result<Vec<u8
 
 /// Runs a prepared request on a compute worker's stream and returns its outputs (blocking:
 /// this is the worker's side). Records the statistics.
-pub fn execute(model: &ModelVersion, prepared: Prepared, stream: &opbridge_runtime::Stream) -> Result<Vec<Output>> {
+pub fn execute(
+    model: &ModelVersion,
+    prepared: Prepared,
+    stream: &opbridge_runtime::Stream,
+    session: Option<&Lease>,
+) -> Result<Vec<Output>> {
     let queued_ns = prepared.decoded_at.elapsed().as_nanos() as u64;
     let stats = &model.stats;
     stats.queue.add(queued_ns);
     stats.compute_input.add(prepared.input_ns);
     let started = Instant::now();
     let ctx = DeviceContext::get(model.device)?;
+    let alloc: &dyn Allocate = match session {
+        Some(lease) => &lease.pool,
+        None => ctx.pool(),
+    };
     let results = if runs_inline(model, &prepared) {
-        run_inline(model, &prepared, ctx)?
+        run_inline(model, &prepared, alloc)?
     } else {
-        let results = dispatch::launch(&model.entry, &prepared.attrs, &prepared.inputs, None, stream, ctx.pool())?;
+        let results = dispatch::launch(&model.entry, &prepared.attrs, &prepared.inputs, None, stream, alloc)?;
         stream.synchronize()?;
         results
             .into_iter()
@@ -482,6 +514,9 @@ pub fn execute(model: &ModelVersion, prepared: Prepared, stream: &opbridge_runti
             .collect::<Result<Vec<_>>>()?
     };
     let Prepared { inputs, wanted, plan, .. } = prepared;
+    if let Some(lease) = session {
+        lease.observe_peak();
+    }
     drop(inputs);
     stats.compute_infer.add(started.elapsed().as_nanos() as u64);
     let encoding = Instant::now();
@@ -587,29 +622,40 @@ fn runs_inline(model: &ModelVersion, prepared: &Prepared) -> bool {
 /// Runs a CPU call right here, on the compute worker (`dispatch::run_host`: the same kernel a
 /// stream launch would run, so the same bits), instead of handing it to the stream's thread and
 /// waiting: two thread hand-offs less per request. The outputs are new pooled tensors.
-fn run_inline(model: &ModelVersion, prepared: &Prepared, ctx: &DeviceContext) -> Result<Vec<Tensor>> {
+fn run_inline(model: &ModelVersion, prepared: &Prepared, alloc: &dyn Allocate) -> Result<Vec<Tensor>> {
     let outputs = prepared
         .plan
         .outputs
         .iter()
-        .map(|meta| Tensor::empty(ctx, &meta.shape, meta.dtype, StreamId::HOST))
+        .map(|meta| Tensor::empty_in(alloc, &meta.shape, meta.dtype, StreamId::HOST))
         .collect::<std::result::Result<Vec<_>, _>>()?;
     let inputs: Vec<Option<TensorView>> =
         prepared.inputs.iter().map(|t| t.as_deref().map(TensorView::of_tensor)).collect();
     let views: Vec<TensorView> = outputs.iter().map(TensorView::of_tensor).collect();
-    dispatch::run_host(&model.entry, &prepared.attrs, &prepared.plan, &inputs, HostOutputs::New(&views), ctx.pool())?;
+    dispatch::run_host(&model.entry, &prepared.attrs, &prepared.plan, &inputs, HostOutputs::New(&views), alloc)?;
     Ok(outputs)
 }
 
 /// Prepares and runs `request` on `model`'s executor; the awaitable result.
-pub async fn infer(model: Arc<ModelVersion>, request: InferRequest, max_input_bytes: usize) -> Result<Vec<Output>> {
+/// With a `session`, every tensor of the call comes from the session's pool, within its quota.
+pub async fn infer(
+    model: Arc<ModelVersion>,
+    request: InferRequest,
+    max_input_bytes: usize,
+    session: Option<Lease>,
+) -> Result<Vec<Output>> {
     let (reply, result) = tokio::sync::oneshot::channel();
     let worker_model = Arc::clone(&model);
     // Decoding into pooled memory and validation run on the worker too: no kernel-sized work on
     // the async runtime's threads.
     model.executor.submit(Box::new(move |stream| {
-        let outcome = prepare(&worker_model, request, max_input_bytes)
-            .and_then(|prepared| execute(&worker_model, prepared, stream));
+        let session = session.as_ref();
+        let outcome = prepare(&worker_model, request, max_input_bytes, session)
+            .and_then(|prepared| execute(&worker_model, prepared, stream, session));
+        let outcome = match (outcome, session) {
+            (Err(error), Some(lease)) => Err(lease.explain(error)),
+            (outcome, _) => outcome,
+        };
         let _ = reply.send(outcome);
     }))?;
     result.await.map_err(|_| ServeError::internal("the compute worker stopped before answering"))?
