@@ -226,7 +226,11 @@ def test_keys_pin_one_version_and_the_response_says_which_computed(tmp_path, lib
         k2 = next(k for k in keys if pinned[k] == "2")
         assert served_version(http_infer(http, ab_key=k1, session_id=k2)) == "1"
         assert served_version(grpc_infer(grpc, ab_key=k2, session_id=k1)) == "2"
-        assert served_version(http_infer(http, session_id=k1, headers={"opbridge-session": k2})) == "1"
+        # Two different session names (parameter and header) are a client mistake: the session
+        # feature refuses them before anything runs.
+        with pytest.raises(InferenceServerException) as conflict:
+            http_infer(http, session_id=k1, headers={"opbridge-session": k2})
+        assert conflict.value.status() == "400" and "two sessions" in conflict.value.message()
         assert served_version(grpc_infer(grpc, ab_key=k2, headers={"opbridge-session": k1})) == "2"
         # What computed the result is the version the response names: with beta = 2, v2 gives
         # a + 2b, and v1 (which has no beta) refuses the parameter.

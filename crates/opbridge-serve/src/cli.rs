@@ -66,6 +66,15 @@ pub struct ServeArgs {
     /// Requests queued per model version before 503 / UNAVAILABLE.
     #[arg(long, default_value_t = 1024)]
     pub max_queue_size: usize,
+    /// Byte quota of a session's pool for a model (a model's config.toml may set session_quota).
+    #[arg(long, default_value_t = 1 << 30)]
+    pub session_quota: usize,
+    /// Sessions that may exist at once (a request naming a new one beyond: 503 / UNAVAILABLE).
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_sessions: u64,
+    /// Seconds without requests after which a session and its pools are released.
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
+    pub session_idle_secs: u64,
     /// Seconds to let requests in flight finish after SIGTERM / SIGINT.
     #[arg(long, default_value_t = 30)]
     pub exit_timeout_secs: u64,

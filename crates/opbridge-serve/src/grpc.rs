@@ -287,7 +287,10 @@ impl GrpcInferenceService for Service {
             }
             let request = to_request(message)?;
             let id = request.id.clone();
-            let outputs = infer::infer(Arc::clone(&found), request, self.server.limits.grpc_max_message_size).await?;
+            let header = metadata.get(crate::sessions::SESSION_HEADER).map(|v| v.as_bytes());
+            let session = self.server.session_lease(&request, header, &found)?;
+            let limit = self.server.limits.grpc_max_message_size;
+            let outputs = infer::infer(Arc::clone(&found), request, limit, session).await?;
             let mut response = ModelInferResponse {
                 model_name: found.model.clone(),
                 model_version: found.version.to_string(),

@@ -26,6 +26,7 @@ use crate::infer::{self, InferInput, InferRequest, InputData, Numbers, Output, P
 use crate::models::{check_name, ModelVersion, Target};
 use crate::repository::ModelConfig;
 use crate::server::{Server, BINARY_HEADER};
+use crate::sessions::SESSION_HEADER;
 
 impl IntoResponse for ServeError {
     fn into_response(self) -> Response {
@@ -62,6 +63,8 @@ pub fn router(server: Arc<Server>) -> Router {
         .route("/v2/health/ready", get(ready))
         .route("/v2", get(server_metadata))
         .route("/v2/models/stats", get(all_stats))
+        .route("/v2/sessions", get(sessions_list))
+        .route("/v2/sessions/{session}", get(session_stats))
         .route("/v2/models/{model}", get(model_metadata))
         .route("/v2/models/{model}/versions/{version}", get(model_metadata))
         .route("/v2/models/{model}/ready", get(model_ready))
@@ -201,6 +204,22 @@ async fn all_stats(State(s): State<Arc<Server>>, headers: HeaderMap) -> Response
 async fn model_stats(State(s): State<Arc<Server>>, p: ModelPath, headers: HeaderMap) -> Response {
     let outcome = s.authorize(&headers).and_then(|_| s.stats_json(Some(&p.model), p.version)).map(json_response);
     answer(&s, outcome.map_err(|e| ("stats", e)))
+}
+
+/// `GET /v2/sessions`: every live session's memory and requests.
+async fn sessions_list(State(s): State<Arc<Server>>, headers: HeaderMap) -> Response {
+    let outcome = s.authorize(&headers).map(|_| json_response(s.sessions.list_json()));
+    answer(&s, outcome.map_err(|e| ("sessions", e)))
+}
+
+/// `GET /v2/sessions/{id}`.
+async fn session_stats(
+    State(s): State<Arc<Server>>,
+    axum::extract::Path(session): axum::extract::Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let outcome = s.authorize(&headers).and_then(|_| s.sessions.session_json(&session)).map(json_response);
+    answer(&s, outcome.map_err(|e| ("sessions", e)))
 }
 
 /// How much of an unread body an early answer still drains to keep the connection, and for
@@ -775,7 +794,8 @@ async fn infer_http(
         let (request, binary_default) = parse_request(&s, &found, &headers, body)?;
         pending.identify(&request.id);
         let id = request.id.clone();
-        let outputs = infer::infer(Arc::clone(&found), request, s.limits.http_max_input_size).await?;
+        let session = s.session_lease(&request, headers.get(SESSION_HEADER).map(|v| v.as_bytes()), &found)?;
+        let outputs = infer::infer(Arc::clone(&found), request, s.limits.http_max_input_size, session).await?;
         Ok::<_, ServeError>(encode_response(&found, id, outputs, binary_default))
     }
     .await;
@@ -833,7 +853,8 @@ async fn infer_weighted(
         let (request, binary_default) = convert_request(&s, &found, split)?;
         pending.identify(&request.id);
         let id = request.id.clone();
-        let outputs = infer::infer(Arc::clone(&found), request, server_limit).await?;
+        let session = s.session_lease(&request, headers.get(SESSION_HEADER).map(|v| v.as_bytes()), &found)?;
+        let outputs = infer::infer(Arc::clone(&found), request, server_limit, session).await?;
         Ok::<_, ServeError>(encode_response(&found, id, outputs, binary_default))
     }
     .await;
@@ -1058,7 +1079,7 @@ pub fn metrics_router(server: Arc<Server>) -> Router {
         .route(
             "/metrics",
             get(|State(s): State<Arc<Server>>| async move {
-                let mut response = s.metrics.render(&s.models).into_response();
+                let mut response = s.metrics.render(&s.models, &s.sessions).into_response();
                 response
                     .headers_mut()
                     .insert("content-type", HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));

@@ -388,7 +388,8 @@ pub fn prepare(
     let plan = dispatch::plan(&model.entry, &metas, &attrs)?;
     let ctx = DeviceContext::get(model.device)?;
     if let Some(lease) = session {
-        let block = |meta: &Meta| lease.pool.parent().block_size(meta.shape.iter().product::<usize>() * meta.dtype.size());
+        let block =
+            |meta: &Meta| lease.pool.parent().block_size(meta.shape.iter().product::<usize>() * meta.dtype.size());
         let need = metas.iter().flatten().chain(&plan.outputs).map(block).sum();
         lease.check_need(need)?;
     }

@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod models;
 pub mod repository;
 pub mod server;
+pub mod sessions;
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -116,13 +117,21 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
             }
         }
     }
-    let server = Arc::new(Server::new(
-        Arc::clone(&models),
-        Limits { http_max_input_size: args.http_max_input_size, grpc_max_message_size: args.grpc_max_message_size },
-        auth,
-        control_token,
-        args.model_control_mode,
-    ));
+    let server = Arc::new(
+        Server::new(
+            Arc::clone(&models),
+            Limits { http_max_input_size: args.http_max_input_size, grpc_max_message_size: args.grpc_max_message_size },
+            auth,
+            control_token,
+            args.model_control_mode,
+        )
+        .with_sessions(sessions::SessionLimits {
+            quota: args.session_quota,
+            max_sessions: args.max_sessions as usize,
+            idle: Duration::from_secs(args.session_idle_secs),
+            ..sessions::SessionLimits::default()
+        }),
+    );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("opbridge-serve-io")
@@ -169,6 +178,7 @@ async fn serve(args: ServeArgs, server: Arc<Server>) -> Result<(), String> {
         ));
     }
 
+    tokio::spawn(expire_sessions(Arc::clone(&server), stopped()));
     server.set_ready(true);
     {
         let mut stdout = std::io::stdout().lock();
@@ -204,6 +214,19 @@ fn read_timeout() -> Result<Duration, String> {
             Ok(ms) if ms > 0 => Ok(Duration::from_millis(ms)),
             _ => Err(format!("{VAR} must be a positive number of milliseconds, got '{text}'")),
         },
+    }
+}
+
+/// Releases idle sessions, checking a few times per idle period (at least every second).
+async fn expire_sessions(server: Arc<Server>, stopped: impl std::future::Future<Output = ()>) {
+    tokio::pin!(stopped);
+    let every = (server.sessions.limits().idle / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
+    let mut ticks = tokio::time::interval(every);
+    loop {
+        tokio::select! {
+            _ = &mut stopped => return,
+            _ = ticks.tick() => { server.sessions.expire(); }
+        }
     }
 }
 

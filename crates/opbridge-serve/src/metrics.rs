@@ -53,7 +53,7 @@ impl Metrics {
     }
 
     /// The text exposition, taken now.
-    pub fn render(&self, models: &Models) -> String {
+    pub fn render(&self, models: &Models, sessions: &crate::sessions::Sessions) -> String {
         let loaded = models.loaded();
         let mut out = String::new();
         let per_model = |out: &mut String,
@@ -180,6 +180,7 @@ impl Metrics {
                 "opbridge_requests_rejected_total{{code=\"{code}\",endpoint=\"{endpoint}\",protocol=\"{protocol}\"}} {count}"
             );
         }
+        self.render_sessions(&mut out, sessions);
         let cpu = opbridge_runtime::DeviceContext::cpu().pool().stats();
         let _ = writeln!(
             out,
@@ -198,4 +199,36 @@ impl Metrics {
 /// A label value escaped for the text format.
 fn escape(value: &str) -> String {
     value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+impl Metrics {
+    /// The session gauges: one series per session up to the metric cap, the rest summed under
+    /// one label, so the label set stays bounded whatever the traffic.
+    fn render_sessions(&self, out: &mut String, sessions: &crate::sessions::Sessions) {
+        let rows = sessions.metric_rows();
+        let _ = writeln!(
+            out,
+            "# HELP opbridge_sessions Sessions alive now\n# TYPE opbridge_sessions gauge\nopbridge_sessions {}",
+            sessions.count()
+        );
+        let _ = writeln!(
+            out,
+            "# HELP opbridge_session_pool_bytes Bytes of a session's pools: used by its live tensors; cached is \
+             always 0 (session pools keep no private cache: freed blocks return to the device pool)\n\
+             # TYPE opbridge_session_pool_bytes gauge"
+        );
+        for (session, used, _) in &rows {
+            let session = escape(session);
+            let _ = writeln!(out, "opbridge_session_pool_bytes{{session=\"{session}\",state=\"used\"}} {used}");
+            let _ = writeln!(out, "opbridge_session_pool_bytes{{session=\"{session}\",state=\"cached\"}} 0");
+        }
+        let _ = writeln!(
+            out,
+            "# HELP opbridge_session_quota_bytes Sum of the quotas of a session's pools (one per model it called)\n\
+             # TYPE opbridge_session_quota_bytes gauge"
+        );
+        for (session, _, quota) in &rows {
+            let _ = writeln!(out, "opbridge_session_quota_bytes{{session=\"{}\"}} {quota}", escape(session));
+        }
+    }
 }

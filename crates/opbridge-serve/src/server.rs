@@ -74,6 +74,7 @@ pub struct Server {
     pub auth: Option<Token>,
     pub control_token: Option<Token>,
     pub mode: ControlMode,
+    pub sessions: crate::sessions::Sessions,
     ready: AtomicBool,
 }
 
@@ -102,7 +103,47 @@ impl Server {
         control_token: Option<Token>,
         mode: ControlMode,
     ) -> Server {
-        Server { models, metrics: Metrics::default(), limits, auth, control_token, mode, ready: AtomicBool::new(false) }
+        let sessions = crate::sessions::Sessions::new(crate::sessions::SessionLimits::default());
+        Server {
+            models,
+            metrics: Metrics::default(),
+            limits,
+            auth,
+            control_token,
+            mode,
+            sessions,
+            ready: AtomicBool::new(false),
+        }
+    }
+
+    /// The same server with these session limits.
+    pub fn with_sessions(mut self, limits: crate::sessions::SessionLimits) -> Server {
+        self.sessions = crate::sessions::Sessions::new(limits);
+        self
+    }
+
+    /// The session lease of a request to `model`, if the request names a session (its
+    /// `session_id` parameter, or the `opbridge-session` header / metadata given as `header`).
+    pub fn session_lease(
+        &self,
+        request: &crate::infer::InferRequest,
+        header: Option<&[u8]>,
+        model: &ModelVersion,
+    ) -> Result<Option<crate::sessions::Lease>> {
+        let param = match request.params.iter().find(|(k, _)| k == crate::sessions::SESSION_PARAM) {
+            None => None,
+            Some((_, crate::infer::Param::Str(name))) => Some(name.as_str()),
+            Some((_, other)) => {
+                return Err(ServeError::invalid(format!(
+                    "parameter '{}' must be a string, got {other}",
+                    crate::sessions::SESSION_PARAM
+                )))
+            }
+        };
+        match crate::sessions::requested(param, header)? {
+            None => Ok(None),
+            Some(name) => self.sessions.enter(&name, model).map(Some),
+        }
     }
 
     pub fn set_ready(&self, ready: bool) {

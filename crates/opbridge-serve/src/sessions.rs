@@ -47,6 +47,14 @@ pub struct SessionLimits {
     pub metric_sessions: usize,
 }
 
+impl Default for SessionLimits {
+    /// `--session-quota` 1 GiB, `--max-sessions` 1024, `--session-idle-secs` 300, 64 sessions
+    /// with series of their own.
+    fn default() -> Self {
+        SessionLimits { quota: 1 << 30, max_sessions: 1024, idle: Duration::from_secs(300), metric_sessions: 64 }
+    }
+}
+
 /// Checks a session name: 1 to 128 characters from `A-Z a-z 0-9 . _ - : @ + ~` (what UUIDs,
 /// user names and e-mail addresses need, and safe in a URL path and a metric label).
 pub fn check_name(name: &str) -> Result<()> {
