@@ -8,7 +8,10 @@ the Rust tests do with `opbridge_runtime::test_device!`.
 from __future__ import annotations
 
 import gc
+import shutil
+import subprocess
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -82,3 +85,29 @@ def _device_is_quiet_after_each_test() -> Iterator[None]:
     """Each test leaves no pending work or unreported asynchronous error behind."""
     yield
     ob.synchronize()
+
+
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def libraries(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Plugin libraries for the server's repository tests, compiled once per run with the system
+    compiler: scale_add v1 and v2 (one version each) and leaky."""
+    cc = shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    out = tmp_path_factory.mktemp("libs")
+    sources = {
+        "scale_add_1": (_ROOT / "examples/plugins/c/scale_add.c", ["-DSCALE_ADD_VERSION=1"]),
+        "scale_add_2": (_ROOT / "examples/plugins/c/scale_add.c", ["-DSCALE_ADD_VERSION=2"]),
+        "leaky": (_ROOT / "tests/plugins/leaky.c", []),
+    }
+    built = {}
+    for name, (source, flags) in sources.items():
+        target = out / f"lib{name}.so"
+        subprocess.run(
+            [cc, "-O2", "-shared", "-fPIC", "-I", ob.get_include(), *flags, str(source), "-o", str(target)], check=True
+        )
+        built[name] = target
+    return built

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
 import threading
 import time
 import urllib.request
@@ -23,7 +22,6 @@ import tritonclient.grpc as tg
 import tritonclient.http as th
 from tritonclient.utils import InferenceServerException
 
-import opbridge as ob
 from test_serve import Served, start_server, stop_server
 from test_serve_repository import add_version, call, wait_for, write_config
 
@@ -32,23 +30,6 @@ pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning", "ignore::pyte
 A = np.arange(4, dtype=np.float32)
 B = np.full(4, 3.0, dtype=np.float32)
 BOTH = 'version_policy = "all"\n'
-
-
-@pytest.fixture(scope="module")
-def libraries(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """scale_add v1 and v2 (one version each), compiled once."""
-    cc = shutil.which("cc")
-    if cc is None:
-        pytest.skip("no C compiler")
-    out = tmp_path_factory.mktemp("libs")
-    built = {}
-    for version in (1, 2):
-        target = out / f"libscale_add_{version}.so"
-        source = Path(__file__).resolve().parent.parent / "examples/plugins/c/scale_add.c"
-        flags = ["-O2", "-shared", "-fPIC", "-I", ob.get_include(), f"-DSCALE_ADD_VERSION={version}"]
-        subprocess.run([cc, *flags, str(source), "-o", str(target)], check=True)
-        built[f"scale_add_{version}"] = target
-    return built
 
 
 def ab_repo(tmp_path: Path, libraries: dict[str, Path], weights: dict[str, int] | None) -> Path:

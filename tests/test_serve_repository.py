@@ -11,7 +11,6 @@ import http.client
 import json
 import os
 import shutil
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -32,28 +31,6 @@ EXAMPLE = ROOT / "examples" / "repository"
 
 
 # --- building repositories ----------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def libraries(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The plugin libraries, compiled once: scale_add v1 and v2 (one version each) and leaky."""
-    cc = shutil.which("cc")
-    if cc is None:
-        pytest.skip("no C compiler")
-    out = tmp_path_factory.mktemp("libs")
-    sources = {
-        "scale_add_1": (ROOT / "examples/plugins/c/scale_add.c", ["-DSCALE_ADD_VERSION=1"]),
-        "scale_add_2": (ROOT / "examples/plugins/c/scale_add.c", ["-DSCALE_ADD_VERSION=2"]),
-        "leaky": (ROOT / "tests/plugins/leaky.c", []),
-    }
-    built = {}
-    for name, (source, flags) in sources.items():
-        target = out / f"lib{name}.so"
-        subprocess.run(
-            [cc, "-O2", "-shared", "-fPIC", "-I", ob.get_include(), *flags, str(source), "-o", str(target)], check=True
-        )
-        built[name] = target
-    return built
 
 
 def add_version(repo: Path, model: str, version: int, library: Path) -> None:
