@@ -18,11 +18,9 @@ use std::sync::Arc;
 use crate::infer::Param;
 use crate::models::ModelVersion;
 
-/// The header (HTTP) and metadata key (gRPC) naming the client's session.
-pub const SESSION_HEADER: &str = "opbridge-session";
-
-/// The request parameters that key the routing, strongest first.
-pub const KEY_PARAMS: [&str; 2] = ["ab_key", "session_id"];
+/// The request parameters that key the routing, strongest first (then the session header,
+/// [`crate::sessions::SESSION_HEADER`]).
+pub const KEY_PARAMS: [&str; 2] = ["ab_key", crate::sessions::SESSION_PARAM];
 
 /// FNV-1a 64 of `bytes`, then murmur3's 64-bit finalizer. Both are fixed functions, so a key
 /// keeps its version across restarts and builds (std's hashers promise neither). The

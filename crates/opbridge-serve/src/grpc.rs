@@ -15,6 +15,7 @@ use crate::infer::{self, InferInput, InferRequest, InputData, Numbers, Param, Re
 use crate::models::Target;
 use crate::repository;
 use crate::server::Server;
+use crate::sessions::SESSION_HEADER;
 
 #[allow(clippy::all, missing_debug_implementations, missing_docs, rustdoc::all)]
 pub mod proto {
@@ -149,10 +150,10 @@ fn routing_key(
         let value = param(value).ok_or_else(|| ServeError::invalid(format!("parameter '{name}' has no value")))?;
         return Ok(Some(ab::key_text(&value)));
     }
-    let Some(session) = metadata.get(ab::SESSION_HEADER) else { return Ok(None) };
+    let Some(session) = metadata.get(SESSION_HEADER) else { return Ok(None) };
     let text = session
         .to_str()
-        .map_err(|_| ServeError::invalid(format!("metadata '{}' must be visible ASCII", ab::SESSION_HEADER)))?;
+        .map_err(|_| ServeError::invalid(format!("metadata '{}' must be visible ASCII", SESSION_HEADER)))?;
     Ok(Some(text.to_string()))
 }
 
@@ -287,7 +288,7 @@ impl GrpcInferenceService for Service {
             }
             let request = to_request(message)?;
             let id = request.id.clone();
-            let header = metadata.get(crate::sessions::SESSION_HEADER).map(|v| v.as_bytes());
+            let header = metadata.get(SESSION_HEADER).map(|v| v.as_bytes());
             let session = self.server.session_lease(&request, header, &found)?;
             let limit = self.server.limits.grpc_max_message_size;
             let outputs = infer::infer(Arc::clone(&found), request, limit, session).await?;
@@ -395,10 +396,7 @@ impl GrpcInferenceService for Service {
             outcome.map_err(|e| self.reject("repository", e))?;
         }
         self.server.models.check_repository(&r.repository_name).map_err(|e| self.reject("repository", e))?;
-        self.server
-            .control_with_config(&r.model_name, true, false, config)
-            .await
-            .map_err(|e| self.reject("repository", e))?;
+        self.server.control(&r.model_name, true, false, config).await.map_err(|e| self.reject("repository", e))?;
         Ok(Response::new(RepositoryModelLoadResponse {}))
     }
 
@@ -424,7 +422,7 @@ impl GrpcInferenceService for Service {
                 }
             }
         }
-        self.server.control(&r.model_name, false, dependents).await.map_err(|e| self.reject("repository", e))?;
+        self.server.control(&r.model_name, false, dependents, None).await.map_err(|e| self.reject("repository", e))?;
         Ok(Response::new(RepositoryModelUnloadResponse {}))
     }
 

@@ -526,12 +526,6 @@ fn json_numbers(input: &str, datatype: Datatype, data: &Value, limit_bytes: usiz
     })
 }
 
-/// The request's JSON header and binary tensors, as a protocol-neutral request, plus whether
-/// outputs default to binary.
-fn parse_request(s: &Server, model: &ModelVersion, headers: &HeaderMap, body: Bytes) -> Result<(InferRequest, bool)> {
-    convert_request(s, model, split_request(headers, body)?)
-}
-
 /// A request body before a version is chosen: its JSON header parsed, its binary tensors not.
 #[derive(Debug)]
 enum SplitRequest {
@@ -582,7 +576,7 @@ fn routing_key(split: &SplitRequest, headers: &HeaderMap) -> Result<Option<Vec<u
             return Ok(Some(ab::key_text(&param(name, value)?).into_bytes()));
         }
     }
-    Ok(headers.get(ab::SESSION_HEADER).map(|v| v.as_bytes().to_vec()))
+    Ok(headers.get(SESSION_HEADER).map(|v| v.as_bytes().to_vec()))
 }
 
 /// The split request as a protocol-neutral request for `model`, plus whether outputs default
@@ -777,26 +771,49 @@ async fn infer_http(
         Err(e) => return answer_unread(&s, "infer", e, body, &headers).await,
     };
     let (limit, raise) = request_limit(&found, s.limits.http_max_input_size, "--http-max-input-size");
-    let body = match read_body(&headers, body, limit, &raise).await {
+    let body = match read_infer_body(&s, &headers, body, limit, &raise).await {
         Ok(body) => body,
-        Err(BodyError { error, unread }) => {
-            let mut response = answer(&s, Err(("infer", error)));
-            if unread {
-                close_connection(&mut response);
-            }
-            return response;
-        }
+        Err(response) => return response,
     };
-    // From here on the request belongs to a loaded model version: counted in its statistics,
-    // as CANCELED if the client goes away first (hyper then drops this future).
-    let mut pending = infer::Pending::new(Arc::clone(&found), started, "http");
+    infer_on(&s, &found, &headers, started, || split_request(&headers, body)).await
+}
+
+/// The body of an inference request within `limit`, or the answer refusing it (which closes
+/// the connection when part of the body is left unread).
+async fn read_infer_body(
+    s: &Server,
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+    raise: &str,
+) -> std::result::Result<Bytes, Response> {
+    read_body(headers, body, limit, raise).await.map_err(|BodyError { error, unread }| {
+        let mut response = answer(s, Err(("infer", error)));
+        if unread {
+            close_connection(&mut response);
+        }
+        response
+    })
+}
+
+/// Serves a read request on the version `found`: from here on it belongs to that version,
+/// counted in its statistics (errors of `split` included), as CANCELED if the client goes away
+/// first (hyper then drops this future).
+async fn infer_on(
+    s: &Server,
+    found: &Arc<ModelVersion>,
+    headers: &HeaderMap,
+    started: Instant,
+    split: impl FnOnce() -> Result<SplitRequest>,
+) -> Response {
+    let mut pending = infer::Pending::new(Arc::clone(found), started, "http");
     let outcome = async {
-        let (request, binary_default) = parse_request(&s, &found, &headers, body)?;
+        let (request, binary_default) = convert_request(s, found, split()?)?;
         pending.identify(&request.id);
         let id = request.id.clone();
-        let session = s.session_lease(&request, headers.get(SESSION_HEADER).map(|v| v.as_bytes()), &found)?;
-        let outputs = infer::infer(Arc::clone(&found), request, s.limits.http_max_input_size, session).await?;
-        Ok::<_, ServeError>(encode_response(&found, id, outputs, binary_default))
+        let session = s.session_lease(&request, headers.get(SESSION_HEADER).map(|v| v.as_bytes()), found)?;
+        let outputs = infer::infer(Arc::clone(found), request, s.limits.http_max_input_size, session).await?;
+        Ok::<_, ServeError>(encode_response(found, id, outputs, binary_default))
     }
     .await;
     pending.finish(outcome.as_ref().map(|_| ()));
@@ -805,8 +822,7 @@ async fn infer_http(
 
 /// An unversioned request to a model with `[ab]` weights: the body is read first (its
 /// parameters may hold the routing key), within the largest limit of the versions it may go
-/// to; the version chosen then checks its own limit, counts the request in its statistics
-/// (CANCELED included) and serves it.
+/// to; the version chosen then checks its own limit and serves it.
 async fn infer_weighted(
     s: Arc<Server>,
     model: &str,
@@ -818,15 +834,9 @@ async fn infer_weighted(
     let server_limit = s.limits.http_max_input_size;
     let limit = route.request_limit(server_limit);
     let raise = limit_hint(model, limit, server_limit, "--http-max-input-size");
-    let body = match read_body(&headers, body, limit, &raise).await {
+    let body = match read_infer_body(&s, &headers, body, limit, &raise).await {
         Ok(body) => body,
-        Err(BodyError { error, unread }) => {
-            let mut response = answer(&s, Err(("infer", error)));
-            if unread {
-                close_connection(&mut response);
-            }
-            return response;
-        }
+        Err(response) => return response,
     };
     let size = body.len();
     // Parse errors come before any version is chosen: front-end rejections, like a bad path.
@@ -837,8 +847,7 @@ async fn infer_weighted(
     };
     let found = route.pick(key.as_deref());
     drop(route);
-    let mut pending = infer::Pending::new(Arc::clone(&found), started, "http");
-    let outcome = async {
+    let within_limit = || {
         let (limit, raise) = request_limit(&found, server_limit, "--http-max-input-size");
         if size > limit {
             return Err(ServeError::new(
@@ -850,16 +859,9 @@ async fn infer_weighted(
                 ),
             ));
         }
-        let (request, binary_default) = convert_request(&s, &found, split)?;
-        pending.identify(&request.id);
-        let id = request.id.clone();
-        let session = s.session_lease(&request, headers.get(SESSION_HEADER).map(|v| v.as_bytes()), &found)?;
-        let outputs = infer::infer(Arc::clone(&found), request, server_limit, session).await?;
-        Ok::<_, ServeError>(encode_response(&found, id, outputs, binary_default))
-    }
-    .await;
-    pending.finish(outcome.as_ref().map(|_| ()));
-    outcome.unwrap_or_else(IntoResponse::into_response)
+        Ok(split)
+    };
+    infer_on(&s, &found, &headers, started, within_limit).await
 }
 
 /// The largest request `model` takes and how to raise it: the server's `flag`, or the
@@ -1016,7 +1018,7 @@ async fn repository_control(s: Arc<Server>, model: String, headers: HeaderMap, b
                 }
             }
         }
-        s.control_with_config(&model, load, dependents, config).await?;
+        s.control(&model, load, dependents, config).await?;
         Ok(json_response(json!({})))
     }
     .await;

@@ -388,9 +388,10 @@ pub fn prepare(
     let plan = dispatch::plan(&model.entry, &metas, &attrs)?;
     let ctx = DeviceContext::get(model.device)?;
     if let Some(lease) = session {
-        let block =
-            |meta: &Meta| lease.pool.parent().block_size(meta.shape.iter().product::<usize>() * meta.dtype.size());
-        let need = metas.iter().flatten().chain(&plan.outputs).map(block).sum();
+        // Saturating: an output shape too large to count is simply over any quota.
+        let bytes = |meta: &Meta| meta.shape.iter().fold(meta.dtype.size(), |n, &d| n.saturating_mul(d));
+        let block = |meta: &Meta| lease.pool.parent().block_size(bytes(meta));
+        let need = metas.iter().flatten().chain(&plan.outputs).map(block).fold(0usize, usize::saturating_add);
         lease.check_need(need)?;
     }
     let alloc: &dyn Allocate = match session {

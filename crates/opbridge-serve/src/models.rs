@@ -377,7 +377,7 @@ impl Models {
     /// The loaded version `version` of `name` (or its latest loaded version).
     pub fn resolve(&self, name: &str, version: Option<u32>) -> Result<Arc<ModelVersion>> {
         check_name(name)?;
-        self.resolve_in(&self.read(), name, version)
+        self.resolve_in(self.read().get(name), name, version)
     }
 
     /// Where an inference to `name` goes: the version asked for, else the model's weighted
@@ -385,21 +385,16 @@ impl Models {
     pub fn target(&self, name: &str, version: Option<u32>) -> Result<Target> {
         check_name(name)?;
         let table = self.read();
-        if version.is_none() {
-            if let Some(route) = table.get(name).and_then(|m| m.route.as_ref()) {
-                return Ok(Target::Weighted(Arc::clone(route)));
-            }
+        let model = table.get(name);
+        if let (None, Some(route)) = (version, model.and_then(|m| m.route.as_ref())) {
+            return Ok(Target::Weighted(Arc::clone(route)));
         }
-        self.resolve_in(&table, name, version).map(Target::Version)
+        self.resolve_in(model, name, version).map(Target::Version)
     }
 
-    fn resolve_in(
-        &self,
-        table: &BTreeMap<String, Model>,
-        name: &str,
-        version: Option<u32>,
-    ) -> Result<Arc<ModelVersion>> {
-        let Some(model) = table.get(name) else {
+    /// The version of `model` (the table's entry for `name`, if any) a request asks for.
+    fn resolve_in(&self, model: Option<&Model>, name: &str, version: Option<u32>) -> Result<Arc<ModelVersion>> {
+        let Some(model) = model else {
             return Err(ServeError::not_found(format!(
                 "Request for unknown model: '{}' is not found",
                 truncate(name, 64)

@@ -261,20 +261,9 @@ impl Server {
     }
 
     /// Loads or unloads a model (explicit and poll modes), off the async runtime.
-    /// `dependents` (unload only): also unload the alias models serving it.
-    pub async fn control(&self, name: &str, load: bool, dependents: bool) -> Result<()> {
-        self.control_with_config(name, load, dependents, None).await
-    }
-
-    /// [`Server::control`], a load taking `config` (the load API's `config` parameter) in
-    /// place of the model folder's `config.toml`.
-    pub async fn control_with_config(
-        &self,
-        name: &str,
-        load: bool,
-        dependents: bool,
-        config: Option<ModelConfig>,
-    ) -> Result<()> {
+    /// `dependents` (unload only): also unload the alias models serving it. `config` (load
+    /// only): the load API's `config` parameter, in place of the folder's `config.toml`.
+    pub async fn control(&self, name: &str, load: bool, dependents: bool, config: Option<ModelConfig>) -> Result<()> {
         let refused = match self.mode {
             ControlMode::None => Some("in model control mode 'none'"),
             ControlMode::Poll => Some("if polling is enabled (model control mode 'poll')"),

@@ -175,10 +175,6 @@ pub struct Lease {
 }
 
 impl Lease {
-    pub fn session(&self) -> &str {
-        &self.session.id
-    }
-
     /// Refuses a request that needs `need` more bytes than the pool has left: before anything
     /// is allocated, with every number the client needs to understand why.
     pub fn check_need(&self, need: usize) -> Result<()> {
