@@ -23,7 +23,7 @@ use smallvec::SmallVec;
 use crate::error::{ErrorKind, OpError, Result};
 use crate::memo::Memo;
 use crate::plugin::result::{self, OpSpec};
-use crate::registry::{Entry, Lane, Operator, Registry, Source, ViewLane};
+use crate::registry::{Batching, Entry, Lane, Operator, Registry, Source, ViewLane};
 use crate::schema::{AttrValue, Attrs, Meta, Schema};
 use crate::view::TensorView;
 
@@ -32,6 +32,7 @@ pub struct Native<O: sdk::Op> {
     spec: OpSpec,
     lane: Option<Lane>,
     view_lane: Option<ViewLane>,
+    batching: Option<Batching>,
     /// The last shape-function and input-dtype calls (the SDK requires both to be pure): a
     /// loop calls an operator with one signature over and over, and a repeat then skips the
     /// conversions to SDK metas (which allocate) and the call.
@@ -66,6 +67,7 @@ pub fn op<O: sdk::Op>() -> Result<Native<O>> {
         spec,
         lane: None,
         view_lane: None,
+        batching: None,
         infer_memo: Mutex::new(None),
         dtypes_memo: Mutex::new(None),
         _op: PhantomData,
@@ -100,6 +102,13 @@ impl<O: sdk::Op> Native<O> {
     /// Adds the strided-view fast lane (see [`ViewLane`]).
     pub fn with_view_lane(mut self, lane: ViewLane) -> Self {
         self.view_lane = Some(lane);
+        self
+    }
+
+    /// Declares how calls merge along axis 0 (see [`Batching`]): only for operators whose rows
+    /// are computed independently, bit for bit (tested for every built-in that declares it).
+    pub fn with_batching(mut self, batching: Batching) -> Self {
+        self.batching = Some(batching);
         self
     }
 
@@ -215,6 +224,10 @@ impl<O: sdk::Op> Operator for Native<O> {
 
     fn view_lane(&self) -> Option<&ViewLane> {
         self.view_lane.as_ref()
+    }
+
+    fn batching(&self) -> Option<Batching> {
+        self.batching
     }
 }
 

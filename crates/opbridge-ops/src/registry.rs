@@ -92,6 +92,53 @@ pub trait Operator: Send + Sync {
     fn view_lane(&self) -> Option<&ViewLane> {
         None
     }
+
+    /// How independent calls merge into one along axis 0 (a server's dynamic batching), if
+    /// they can: see [`Batching`]. Default: never.
+    fn batching(&self) -> Option<Batching> {
+        None
+    }
+}
+
+/// How calls of an operator merge into one call along axis 0, the way a server batches small
+/// requests: the calls' inputs are concatenated along axis 0, except the `shared` ones, which
+/// must be equal (dtype, shape and bytes) in all of them; the attributes are equal; and each
+/// output of the merged call is split back along axis 0 in the calls' order. The operator
+/// promises that each part then equals, bit for bit, what the call alone would have given:
+/// rows are computed independently of each other and of how many there are.
+#[derive(Debug, Clone, Copy)]
+pub struct Batching {
+    /// Indexes of the inputs every merged call shares (`matmul`'s `b`, a norm's weight).
+    pub shared: &'static [usize],
+    /// Whether a call with these inputs (as the caller passes them) and attributes can take
+    /// part: e.g. an elementwise call only without broadcasting, softmax only over an axis
+    /// other than 0.
+    pub accepts: fn(&[Option<Meta>], &Attrs) -> bool,
+}
+
+impl Batching {
+    /// Elementwise operators: every call whose inputs have one shape of at least one dimension
+    /// (broadcasting would mix rows).
+    pub const ELEMENTWISE: Batching = Batching { shared: &[], accepts: same_shapes };
+
+    /// The number of rows (axis-0 length) of a call that can take part, or `None`: every
+    /// concatenated input present has at least one dimension and the same axis-0 length, and
+    /// `accepts` agrees.
+    pub fn rows_of(&self, inputs: &[Option<Meta>], attrs: &Attrs) -> Option<usize> {
+        let mut lengths = (0..inputs.len())
+            .filter(|i| !self.shared.contains(i))
+            .filter_map(|i| inputs[i].as_ref())
+            .map(|m| m.shape.first().copied());
+        let rows = lengths.next()??;
+        (lengths.all(|n| n == Some(rows)) && (self.accepts)(inputs, attrs)).then_some(rows)
+    }
+}
+
+/// Every present input of one shape, with at least one dimension.
+fn same_shapes(inputs: &[Option<Meta>], _: &Attrs) -> bool {
+    let mut present = inputs.iter().flatten();
+    let Some(first) = present.next() else { return false };
+    !first.shape.is_empty() && present.all(|m| m.shape == first.shape)
 }
 
 /// Whether an elementwise operator's lane takes inputs of a dtype (and gives that dtype back).

@@ -15,7 +15,7 @@ use crate::cpu::cast::cast_view;
 use crate::cpu::unary::{unary, unary_contiguous, unary_lane_accepts, unary_result_dtype, UnaryOp};
 use crate::error::{OpError, Result};
 use crate::native::{self, view, view_mut};
-use crate::registry::Operator;
+use crate::registry::{Batching, Operator};
 use crate::view::TensorView;
 
 const FLOATS: [DType; 3] = [DType::F16, DType::F32, DType::F64];
@@ -40,13 +40,17 @@ pub fn all() -> Result<Vec<Arc<dyn Operator>>> {
         unary_op::<6>()?,
         unary_op::<7>()?,
         unary_op::<10>()?,
-        Arc::new(native::op::<Axpy>()?),
-        Arc::new(native::op::<Gelu>()?.with_lane(
-            // The lane serves calls without attributes: the default, erf form.
-            |dtype| unary_lane_accepts(UnaryOp::GeluErf, dtype),
-            |dtype, inputs, out, len| unary_lane(UnaryOp::GeluErf, dtype, inputs, out, len),
-        )),
-        Arc::new(native::op::<Cast>()?),
+        Arc::new(native::op::<Axpy>()?.with_batching(Batching::ELEMENTWISE)),
+        Arc::new(
+            native::op::<Gelu>()?
+                .with_lane(
+                    // The lane serves calls without attributes: the default, erf form.
+                    |dtype| unary_lane_accepts(UnaryOp::GeluErf, dtype),
+                    |dtype, inputs, out, len| unary_lane(UnaryOp::GeluErf, dtype, inputs, out, len),
+                )
+                .with_batching(Batching::ELEMENTWISE),
+        ),
+        Arc::new(native::op::<Cast>()?.with_batching(Batching::ELEMENTWISE)),
         Arc::new(native::op::<Contiguous>()?),
         Arc::new(native::op::<Transpose>()?),
     ])
@@ -76,14 +80,18 @@ fn broadcast_meta(op: &'static str, a: &Meta, b: &Meta, dtype: DType) -> Result<
 /// The binary operator `BinaryOp::ALL[K]`, with its fast lane.
 fn binary_op<const K: usize>() -> Result<Arc<dyn Operator>> {
     let op = Binary::<K>::OP;
-    Ok(Arc::new(native::op::<Binary<K>>()?.with_lane(
-        move |dtype| binary_lane_accepts(op, dtype),
-        move |dtype, inputs, out, len| {
-            // SAFETY: the lane's contract (see `Lane::run`), which is `binary_contiguous`'s.
-            unsafe { binary_contiguous(op, dtype, inputs[0], inputs[1], out, len) };
-            Ok(())
-        },
-    )))
+    Ok(Arc::new(
+        native::op::<Binary<K>>()?
+            .with_lane(
+                move |dtype| binary_lane_accepts(op, dtype),
+                move |dtype, inputs, out, len| {
+                    // SAFETY: the lane's contract (see `Lane::run`), which is `binary_contiguous`'s.
+                    unsafe { binary_contiguous(op, dtype, inputs[0], inputs[1], out, len) };
+                    Ok(())
+                },
+            )
+            .with_batching(Batching::ELEMENTWISE),
+    ))
 }
 
 /// The binary operator `BinaryOp::ALL[K]`.
@@ -175,10 +183,14 @@ const fn unary_doc(op: UnaryOp) -> &'static str {
 /// The unary operator `UnaryOp::ALL[K]`, with its fast lane.
 fn unary_op<const K: usize>() -> Result<Arc<dyn Operator>> {
     let op = Unary::<K>::OP;
-    Ok(Arc::new(native::op::<Unary<K>>()?.with_lane(
-        move |dtype| unary_lane_accepts(op, dtype),
-        move |dtype, inputs, out, len| unary_lane(op, dtype, inputs, out, len),
-    )))
+    Ok(Arc::new(
+        native::op::<Unary<K>>()?
+            .with_lane(
+                move |dtype| unary_lane_accepts(op, dtype),
+                move |dtype, inputs, out, len| unary_lane(op, dtype, inputs, out, len),
+            )
+            .with_batching(Batching::ELEMENTWISE),
+    ))
 }
 
 /// The unary operator `UnaryOp::ALL[K]` (not a gelu form: those are [`Gelu`]).

@@ -12,7 +12,8 @@ use crate::cpu::nn;
 use crate::cpu::reduce::{normalize_axis, reduce, reduce_result_dtype, reduce_shape, ReduceOp};
 use crate::error::{OpError, Result};
 use crate::native::{self, view, view_mut};
-use crate::registry::Operator;
+use crate::registry::{Batching, Operator};
+use crate::schema::{AttrValue, Attrs as HostAttrs, Meta as HostMeta};
 
 const FLOATS: [DType; 3] = [DType::F16, DType::F32, DType::F64];
 const INTS: [DType; 2] = [DType::I32, DType::I64];
@@ -21,6 +22,9 @@ pub fn all() -> Result<Vec<Arc<dyn Operator>>> {
     fn arc<O: Op>() -> Result<Arc<dyn Operator>> {
         Ok(Arc::new(native::op::<O>()?))
     }
+    fn batched<O: Op>(batching: Batching) -> Result<Arc<dyn Operator>> {
+        Ok(Arc::new(native::op::<O>()?.with_batching(batching)))
+    }
     const _: () = assert!(ReduceOp::ALL.len() == 5, "register every reduction below");
     Ok(vec![
         arc::<Reduction<0>>()?,
@@ -28,14 +32,30 @@ pub fn all() -> Result<Vec<Arc<dyn Operator>>> {
         arc::<Reduction<2>>()?,
         arc::<Reduction<3>>()?,
         arc::<Reduction<4>>()?,
-        arc::<Softmax<false>>()?,
-        arc::<Softmax<true>>()?,
-        arc::<LayerNorm>()?,
-        arc::<RmsNorm>()?,
+        batched::<Softmax<false>>(SOFTMAX_ROWS)?,
+        batched::<Softmax<true>>(SOFTMAX_ROWS)?,
+        batched::<LayerNorm>(Batching { shared: &[1, 2], accepts: NORM_ROWS })?,
+        batched::<RmsNorm>(Batching { shared: &[1], accepts: NORM_ROWS })?,
         arc::<EmbeddingBag>()?,
-        arc::<BatchedMatmul>()?,
+        batched::<BatchedMatmul>(super::SHARED_B)?,
     ])
 }
+
+/// softmax over an axis other than 0 works row by row along axis 0.
+const SOFTMAX_ROWS: Batching = Batching {
+    shared: &[],
+    accepts: |inputs, attrs| match (inputs, attrs.get("axis")) {
+        ([Some(x)], Some(AttrValue::Int(axis))) => {
+            let rank = x.shape.len() as i64;
+            rank >= 2 && (-rank..rank).contains(axis) && axis.rem_euclid(rank) != 0
+        }
+        _ => false,
+    },
+};
+
+/// The norms work over the last axis: rows along axis 0 when `x` has two axes or more.
+const NORM_ROWS: fn(&[Option<HostMeta>], &HostAttrs) -> bool =
+    |inputs, _| matches!(inputs.first(), Some(Some(x)) if x.shape.len() >= 2);
 
 /// `ReduceOp::ALL[K]` (`sum`, `mean`, `max`, `min`, `argmax`).
 struct Reduction<const K: usize>;
