@@ -1,52 +1,103 @@
 //! Each model version's bounded queue and its compute workers: kernels never run on the async
-//! runtime's threads. A worker owns a stream on the model's device and runs one request at a
-//! time on it; a full queue is refused at once (503 / UNAVAILABLE), as Triton's
-//! `max_queue_size` is.
+//! runtime's threads. A worker owns a stream on the model's device and runs what it takes from
+//! the queue on it (one request, or a batch of them); a full queue is refused at once (503 /
+//! UNAVAILABLE), as Triton's `max_queue_size` is.
 
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
-use std::sync::mpsc::{self, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use opbridge_runtime::{DeviceContext, Stream};
 
 use crate::error::{Result, ServeError};
 
-/// A request's work, run on a compute worker with its stream.
-pub type Job = Box<dyn FnOnce(&Stream) + Send>;
-
-/// A bounded queue feeding compute workers.
+/// An item in the queue, with the time it was queued.
 #[derive(Debug)]
-pub struct Executor {
+pub struct Queued<T> {
+    pub item: T,
+    pub at: Instant,
+}
+
+/// The receiving end of an executor's queue, shared by its workers.
+#[derive(Debug)]
+pub struct Jobs<T> {
+    queue: Mutex<Receiver<Queued<T>>>,
+    pending: Arc<AtomicUsize>,
+}
+
+impl<T> Jobs<T> {
+    /// Takes the queue: until the guard goes, this worker alone receives (a batching worker
+    /// gathers a batch while the others run theirs).
+    pub fn take(&self) -> Taken<'_, T> {
+        Taken { queue: self.queue.lock().unwrap_or_else(|p| p.into_inner()), pending: &self.pending }
+    }
+}
+
+/// The queue, taken by one worker (see [`Jobs::take`]).
+#[derive(Debug)]
+pub struct Taken<'a, T> {
+    queue: MutexGuard<'a, Receiver<Queued<T>>>,
+    pending: &'a AtomicUsize,
+}
+
+impl<T> Taken<'_, T> {
+    /// The next item, waiting for one; `None` once the queue is closed and empty.
+    pub fn next(&self) -> Option<Queued<T>> {
+        let queued = self.queue.recv().ok()?;
+        self.pending.fetch_sub(1, Ordering::Relaxed);
+        Some(queued)
+    }
+
+    /// The next item if one comes before `deadline` (one already queued when it has passed).
+    pub fn next_before(&self, deadline: Instant) -> Option<Queued<T>> {
+        let wait = deadline.saturating_duration_since(Instant::now());
+        let queued = match self.queue.recv_timeout(wait) {
+            Ok(queued) => queued,
+            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => return None,
+        };
+        self.pending.fetch_sub(1, Ordering::Relaxed);
+        Some(queued)
+    }
+}
+
+/// What a compute worker does each time round: take work from the queue and run it on the
+/// worker's stream; `false` once the queue is closed and empty (the worker then exits).
+pub type Work<T> = fn(&Stream, &Jobs<T>) -> bool;
+
+/// A bounded queue of `T` feeding compute workers.
+#[derive(Debug)]
+pub struct Executor<T> {
     label: String,
-    queue: Mutex<Option<SyncSender<Job>>>,
-    /// Jobs queued and not yet started (the `nv_inference_pending_request_count` gauge).
+    queue: Mutex<Option<SyncSender<Queued<T>>>>,
+    /// Items queued and not yet taken (the `nv_inference_pending_request_count` gauge).
     pending: Arc<AtomicUsize>,
     workers: Mutex<Vec<JoinHandle<()>>>,
 }
 
-impl Executor {
-    /// `workers` threads, each with a stream of its own on `ctx`'s device, fed by a queue of
-    /// `capacity` jobs.
-    pub fn start(label: &str, ctx: &'static Arc<DeviceContext>, workers: usize, capacity: usize) -> Result<Executor> {
-        let (queue, jobs) = mpsc::sync_channel::<Job>(capacity.max(1));
-        let jobs = Arc::new(Mutex::new(jobs));
+impl<T: Send + 'static> Executor<T> {
+    /// `workers` threads, each with a stream of its own on `ctx`'s device, running `work` on a
+    /// queue of `capacity` items.
+    pub fn start(
+        label: &str,
+        ctx: &'static Arc<DeviceContext>,
+        workers: usize,
+        capacity: usize,
+        work: Work<T>,
+    ) -> Result<Executor<T>> {
+        let (queue, receiver) = mpsc::sync_channel::<Queued<T>>(capacity.max(1));
         let pending = Arc::new(AtomicUsize::new(0));
+        let jobs = Arc::new(Jobs { queue: Mutex::new(receiver), pending: Arc::clone(&pending) });
         let mut handles = Vec::new();
         for i in 0..workers.max(1) {
             let stream = Stream::new(ctx)?;
             let jobs = Arc::clone(&jobs);
-            let pending = Arc::clone(&pending);
             let handle = std::thread::Builder::new()
                 .name(format!("opbridge-serve-{i}"))
                 .spawn(move || {
                     lower_priority();
-                    loop {
-                        let next = jobs.lock().unwrap_or_else(|p| p.into_inner()).recv();
-                        let Ok(job) = next else { return };
-                        pending.fetch_sub(1, Ordering::Relaxed);
-                        job(&stream);
-                    }
+                    while work(&stream, &jobs) {}
                 })
                 .map_err(|e| ServeError::internal(format!("cannot start a compute worker: {e}")))?;
             handles.push(handle);
@@ -54,14 +105,14 @@ impl Executor {
         Ok(Executor { label: label.into(), queue: Mutex::new(Some(queue)), pending, workers: Mutex::new(handles) })
     }
 
-    /// Queues `job`, or refuses at once when the queue is full or closed.
-    pub fn submit(&self, job: Job) -> Result<()> {
+    /// Queues `item`, or refuses at once when the queue is full or closed.
+    pub fn submit(&self, item: T) -> Result<()> {
         let queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
         let Some(queue) = queue.as_ref() else {
             return Err(ServeError::unavailable(format!("{} is unloading", self.label)));
         };
         self.pending.fetch_add(1, Ordering::Relaxed);
-        queue.try_send(job).map_err(|e| {
+        queue.try_send(Queued { item, at: Instant::now() }).map_err(|e| {
             self.pending.fetch_sub(1, Ordering::Relaxed);
             match e {
                 TrySendError::Full(_) => ServeError::unavailable(format!("{}: exceeds maximum queue size", self.label)),
@@ -69,7 +120,6 @@ impl Executor {
             }
         })
     }
-
     pub fn pending(&self) -> usize {
         self.pending.load(Ordering::Relaxed)
     }
@@ -122,7 +172,7 @@ fn lower_priority() {
     }
 }
 
-impl Drop for Executor {
+impl<T> Drop for Executor<T> {
     fn drop(&mut self) {
         // Closing the queue is enough: the workers finish what was queued and exit.
         self.queue.get_mut().unwrap_or_else(|p| p.into_inner()).take();

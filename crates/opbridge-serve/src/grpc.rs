@@ -516,7 +516,17 @@ fn config_message(json: &serde_json::Value) -> ModelConfig {
                 versions,
             })),
         }),
-        max_batch_size: 0,
+        max_batch_size: json["max_batch_size"].as_i64().and_then(|n| i32::try_from(n).ok()).unwrap_or(0),
+        dynamic_batching: json.get("dynamic_batching").map(|b| ModelDynamicBatching {
+            preferred_batch_size: b["preferred_batch_size"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|n| n.as_i64().and_then(|n| i32::try_from(n).ok()))
+                .collect(),
+            max_queue_delay_microseconds: b["max_queue_delay_microseconds"].as_u64().unwrap_or(0),
+            preserve_ordering: false,
+        }),
         input: json["input"]
             .as_array()
             .into_iter()
@@ -572,6 +582,17 @@ fn stats_message(json: &serde_json::Value) -> ModelStatisticsResponse {
                     cache_hit: duration(&i["cache_hit"]),
                     cache_miss: duration(&i["cache_miss"]),
                 }),
+                batch_stats: m["batch_stats"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|b| InferBatchStatistics {
+                        batch_size: b["batch_size"].as_u64().unwrap_or(0),
+                        compute_input: duration(&b["compute_input"]),
+                        compute_infer: duration(&b["compute_infer"]),
+                        compute_output: duration(&b["compute_output"]),
+                    })
+                    .collect(),
                 ..Default::default()
             }
         })

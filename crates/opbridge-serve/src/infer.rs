@@ -4,17 +4,18 @@
 //! their tensors (encoded without another copy).
 
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use bytes::Bytes;
 use opbridge_ops::dispatch::{self, HostOutputs};
 use opbridge_ops::schema::{AttrSpec, InputSpec};
-use opbridge_ops::{AttrValue, Meta, Plan, TensorView};
+use opbridge_ops::{AttrValue, Attrs, Meta, Plan, TensorView};
 use opbridge_runtime::{Allocate, DType, DeviceContext, HostBytes, StreamId, Tensor};
 
 use crate::datatype::Datatype;
 use crate::error::{Code, Result, ServeError};
-use crate::models::{truncate, ModelVersion};
+use crate::executor::{Jobs, Queued};
+use crate::models::{truncate, ModelVersion, Times};
 use crate::sessions::Lease;
 
 /// A request parameter's value (JSON scalar or gRPC `InferParameter`).
@@ -231,26 +232,51 @@ fn parse_ints(text: &str) -> Option<Vec<i64>> {
     inner.split(',').map(|p| p.trim().parse().ok()).collect()
 }
 
-/// A request checked against its model, its inputs already in pooled memory.
+/// A request checked against its model and planned; nothing allocated yet.
 #[derive(Debug)]
-pub struct Prepared {
-    attrs: opbridge_ops::Attrs,
-    inputs: Vec<Option<Arc<Tensor>>>,
+pub struct Checked {
+    pub(crate) attrs: opbridge_ops::Attrs,
+    /// Per schema input (`None`: an optional one not given).
+    pub(crate) inputs: Vec<Option<CheckedInput>>,
     /// Per schema output: requested, and how.
-    wanted: Vec<Option<Option<bool>>>,
-    plan: Plan,
-    decoded_at: Instant,
-    input_ns: u64,
+    pub(crate) wanted: Vec<Option<Option<bool>>>,
+    pub(crate) plan: Plan,
+    /// When checking began (the request's compute-input time runs from here).
+    pub(crate) started: Instant,
 }
 
-/// Checks `request` against `model` and writes its inputs into pooled memory. Every client
-/// mistake is an `InvalidArgument` (or `TooLarge`) here, before anything runs.
-pub fn prepare(
+/// An input checked against its model: its dtype, shape, and bytes as the tensor will hold them.
+#[derive(Debug)]
+pub struct CheckedInput {
+    pub(crate) dtype: DType,
+    pub(crate) shape: Vec<usize>,
+    pub(crate) bytes: Bytes,
+}
+
+impl CheckedInput {
+    pub(crate) fn meta(&self) -> Meta {
+        Meta::new(self.dtype, &self.shape)
+    }
+}
+
+impl Checked {
+    pub(crate) fn metas(&self) -> Vec<Option<Meta>> {
+        self.inputs.iter().map(|i| i.as_ref().map(CheckedInput::meta)).collect()
+    }
+}
+
+/// A call's inputs in memory (per schema input).
+pub type Loaded = Vec<Option<Arc<Tensor>>>;
+
+/// Checks `request` against `model` and plans the call. Every client mistake is an
+/// `InvalidArgument` (or `TooLarge`, or a session's `QuotaExceeded`) here, before anything is
+/// allocated or runs.
+pub fn check(
     model: &ModelVersion,
     request: InferRequest,
     max_input_bytes: usize,
     session: Option<&Lease>,
-) -> Result<Prepared> {
+) -> Result<Checked> {
     let started = Instant::now();
     let schema = model.entry.schema();
     let name = &model.model;
@@ -382,11 +408,14 @@ pub fn prepare(
             }
             _ => {}
         }
+        let bytes = match input.data {
+            InputData::Raw(raw) => raw,
+            InputData::Numbers(numbers) => Bytes::from(encode_numbers(&input.name, &numbers, dtype)?),
+        };
         metas.push(Some(Meta::new(dtype, &shape)));
-        checked.push(Some((input, dtype, shape)));
+        checked.push(Some(CheckedInput { dtype, shape, bytes }));
     }
     let plan = dispatch::plan(&model.entry, &metas, &attrs)?;
-    let ctx = DeviceContext::get(model.device)?;
     if let Some(lease) = session {
         // Saturating: an output shape too large to count is simply over any quota.
         let bytes = |meta: &Meta| meta.shape.iter().fold(meta.dtype.size(), |n, &d| n.saturating_mul(d));
@@ -394,31 +423,22 @@ pub fn prepare(
         let need = metas.iter().flatten().chain(&plan.outputs).map(block).fold(0usize, usize::saturating_add);
         lease.check_need(need)?;
     }
-    let alloc: &dyn Allocate = match session {
-        Some(lease) => &lease.pool,
-        None => ctx.pool(),
-    };
-    let mut inputs = Vec::with_capacity(checked.len());
-    for slot in checked {
-        let Some((input, dtype, shape)) = slot else {
+    Ok(Checked { attrs, inputs: checked, wanted, plan, started })
+}
+
+/// Writes a checked call's inputs into memory from `alloc`.
+pub fn load(checked: &Checked, alloc: &dyn Allocate) -> Result<Loaded> {
+    let mut inputs = Vec::with_capacity(checked.inputs.len());
+    for input in &checked.inputs {
+        let Some(input) = input else {
             inputs.push(None);
             continue;
         };
-        let mut tensor = Tensor::empty_in(alloc, &shape, dtype, StreamId::HOST)?;
-        match &input.data {
-            InputData::Raw(raw) => tensor.write_from_host(raw)?,
-            InputData::Numbers(numbers) => tensor.write_from_host(&encode_numbers(&input.name, numbers, dtype)?)?,
-        }
+        let mut tensor = Tensor::empty_in(alloc, &input.shape, input.dtype, StreamId::HOST)?;
+        tensor.write_from_host(&input.bytes)?;
         inputs.push(Some(Arc::new(tensor)));
     }
-    Ok(Prepared {
-        attrs,
-        inputs,
-        wanted,
-        plan,
-        decoded_at: Instant::now(),
-        input_ns: started.elapsed().as_nanos() as u64,
-    })
+    Ok(inputs)
 }
 
 /// The opbridge dtype of an input's datatype, if the model's input takes it; else the error
@@ -484,64 +504,132 @@ fn encode_numbers(input: &str, numbers: &Numbers, dtype: DType) -> Result<Vec<u8
     Ok(out)
 }
 
-/// Runs a prepared request on a compute worker's stream and returns its outputs (blocking:
-/// this is the worker's side). Records the statistics.
-pub fn execute(
+/// Runs a planned call on a compute worker's stream (or right on the worker: see
+/// [`runs_inline`]); the outputs are new tensors from `alloc`, their work done.
+pub(crate) fn compute(
     model: &ModelVersion,
-    prepared: Prepared,
+    attrs: &Attrs,
+    plan: &Plan,
+    inputs: &Loaded,
     stream: &opbridge_runtime::Stream,
-    session: Option<&Lease>,
+    alloc: &dyn Allocate,
+) -> Result<Vec<Tensor>> {
+    if runs_inline(model, plan, inputs) {
+        return run_inline(model, attrs, plan, inputs, alloc);
+    }
+    let results = dispatch::launch(&model.entry, attrs, inputs, None, stream, alloc)?;
+    stream.synchronize()?;
+    results
+        .into_iter()
+        .map(|tensor| {
+            Arc::try_unwrap(tensor).map_err(|_| ServeError::internal("an output tensor is still shared after the call"))
+        })
+        .collect()
+}
+
+/// The outputs the client asked for, as host bytes owned by their tensors.
+pub(crate) fn outputs(
+    model: &ModelVersion,
+    results: Vec<Tensor>,
+    wanted: &[Option<Option<bool>>],
 ) -> Result<Vec<Output>> {
-    let queued_ns = prepared.decoded_at.elapsed().as_nanos() as u64;
-    let stats = &model.stats;
-    stats.queue.add(queued_ns);
-    stats.compute_input.add(prepared.input_ns);
-    let started = Instant::now();
-    let ctx = DeviceContext::get(model.device)?;
-    let alloc: &dyn Allocate = match session {
+    let mut outputs = Vec::new();
+    for (k, tensor) in results.into_iter().enumerate() {
+        if let Some(binary) = wanted[k] {
+            outputs.push(output(model, k, tensor, binary)?);
+        }
+    }
+    Ok(outputs)
+}
+
+/// Output `k` of `model`, its bytes read in place once the work writing them is done.
+pub(crate) fn output(model: &ModelVersion, k: usize, tensor: Tensor, binary: Option<bool>) -> Result<Output> {
+    let data = tensor.into_host_bytes().map_err(|failed| ServeError::from(failed.1))?;
+    Ok(Output {
+        name: model.entry.schema().outputs[k].clone(),
+        datatype: Datatype::of(data.tensor().dtype()),
+        shape: data.tensor().shape().to_vec(),
+        data,
+        binary,
+    })
+}
+
+/// The allocator of a request's tensors: its session's pool, or the model's device pool.
+pub(crate) fn allocator<'a>(ctx: &'a DeviceContext, session: Option<&'a Lease>) -> &'a dyn Allocate {
+    match session {
         Some(lease) => &lease.pool,
         None => ctx.pool(),
-    };
-    let results = if runs_inline(model, &prepared) {
-        run_inline(model, &prepared, alloc)?
-    } else {
-        let results = dispatch::launch(&model.entry, &prepared.attrs, &prepared.inputs, None, stream, alloc)?;
-        stream.synchronize()?;
-        results
-            .into_iter()
-            .map(|tensor| {
-                Arc::try_unwrap(tensor)
-                    .map_err(|_| ServeError::internal("an output tensor is still shared after the call"))
-            })
-            .collect::<Result<Vec<_>>>()?
-    };
-    let Prepared { inputs, wanted, plan, .. } = prepared;
+    }
+}
+
+/// Runs one checked request as an execution of its own, and records it: `queue_ns` it waited
+/// in the queue, `inferences` it counts for (its batch size on a batching model, else 1).
+pub(crate) fn run_alone(
+    model: &ModelVersion,
+    checked: Checked,
+    stream: &opbridge_runtime::Stream,
+    session: Option<&Lease>,
+    queue_ns: u64,
+    inferences: u64,
+) -> Result<Vec<Output>> {
+    let ctx = DeviceContext::get(model.device)?;
+    let alloc = allocator(ctx, session);
+    let inputs = load(&checked, alloc)?;
+    let input_ns = checked.started.elapsed().as_nanos() as u64;
+    let started = Instant::now();
+    let results = compute(model, &checked.attrs, &checked.plan, &inputs, stream, alloc)?;
     if let Some(lease) = session {
         lease.observe_peak();
     }
     drop(inputs);
-    stats.compute_infer.add(started.elapsed().as_nanos() as u64);
+    let infer_ns = started.elapsed().as_nanos() as u64;
     let encoding = Instant::now();
-    let schema = model.entry.schema();
-    let mut outputs = Vec::new();
-    for (k, tensor) in results.into_iter().enumerate() {
-        let Some(binary) = wanted[k] else { continue };
-        let data = tensor.into_host_bytes().map_err(|failed| ServeError::from(failed.1))?;
-        let meta = &plan.outputs[k];
-        outputs.push(Output {
-            name: schema.outputs[k].clone(),
-            datatype: Datatype::of(meta.dtype),
-            shape: data.tensor().shape().to_vec(),
-            data,
-            binary,
-        });
-    }
-    stats.compute_output.add(encoding.elapsed().as_nanos() as u64);
-    stats.inference_count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    stats.execution_count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-    stats.last_inference_ms.store(now_ms, std::sync::atomic::Ordering::Relaxed);
+    let outputs = outputs(model, results, &checked.wanted)?;
+    let output_ns = encoding.elapsed().as_nanos() as u64;
+    let times = Times { queue_ns, input_ns, infer_ns, output_ns };
+    model.stats.request(&times, inferences);
+    model.stats.execution(&times, inferences as usize);
     Ok(outputs)
+}
+
+/// A request on its way to a compute worker.
+#[derive(Debug)]
+pub struct Call {
+    pub model: Arc<ModelVersion>,
+    pub request: InferRequest,
+    pub max_input_bytes: usize,
+    pub reply: Reply,
+}
+
+/// Where a request's answer goes, with the session it runs in.
+#[derive(Debug)]
+pub struct Reply {
+    pub session: Option<Lease>,
+    sender: tokio::sync::oneshot::Sender<Result<Vec<Output>>>,
+}
+
+impl Reply {
+    /// Answers the request (a session's quota refusal explained with its numbers).
+    pub fn answer(self, outcome: Result<Vec<Output>>) {
+        let outcome = match (outcome, &self.session) {
+            (Err(error), Some(lease)) => Err(lease.explain(error)),
+            (outcome, _) => outcome,
+        };
+        // The client may have gone: nobody to tell.
+        let _ = self.sender.send(outcome);
+    }
+}
+
+/// A compute worker of a model without batching: one request at a time.
+pub fn work(stream: &opbridge_runtime::Stream, jobs: &Jobs<Call>) -> bool {
+    let Some(Queued { item: call, at }) = jobs.take().next() else { return false };
+    let queue_ns = at.elapsed().as_nanos() as u64;
+    let Call { model, request, max_input_bytes, reply } = call;
+    let session = reply.session.as_ref();
+    let outcome = check(&model, request, max_input_bytes, session)
+        .and_then(|checked| run_alone(&model, checked, stream, session, queue_ns, 1));
+    reply.answer(outcome);
+    true
 }
 
 /// A request to a loaded model version, from the front end's side: finished once, as a success
@@ -612,54 +700,45 @@ impl Drop for Pending {
 /// Whether the call runs on the calling compute worker itself: a CPU model of an operator with a
 /// CPU kernel, whose inputs already have the kernel's dtypes. Otherwise it goes through the
 /// worker's stream (conversions, other devices, and the launch's typed "no CPU kernel" error).
-fn runs_inline(model: &ModelVersion, prepared: &Prepared) -> bool {
+fn runs_inline(model: &ModelVersion, plan: &Plan, inputs: &Loaded) -> bool {
     model.runs_on_worker
-        && prepared
-            .inputs
-            .iter()
-            .zip(&prepared.plan.inputs)
-            .all(|(tensor, planned)| tensor.as_ref().map(|t| t.dtype()) == *planned)
+        && inputs.iter().zip(&plan.inputs).all(|(tensor, planned)| tensor.as_ref().map(|t| t.dtype()) == *planned)
 }
 
 /// Runs a CPU call right here, on the compute worker (`dispatch::run_host`: the same kernel a
 /// stream launch would run, so the same bits), instead of handing it to the stream's thread and
-/// waiting: two thread hand-offs less per request. The outputs are new pooled tensors.
-fn run_inline(model: &ModelVersion, prepared: &Prepared, alloc: &dyn Allocate) -> Result<Vec<Tensor>> {
-    let outputs = prepared
-        .plan
+/// waiting: two thread hand-offs less per request. The outputs are new tensors from `alloc`.
+fn run_inline(
+    model: &ModelVersion,
+    attrs: &Attrs,
+    plan: &Plan,
+    inputs: &Loaded,
+    alloc: &dyn Allocate,
+) -> Result<Vec<Tensor>> {
+    let outputs = plan
         .outputs
         .iter()
         .map(|meta| Tensor::empty_in(alloc, &meta.shape, meta.dtype, StreamId::HOST))
         .collect::<std::result::Result<Vec<_>, _>>()?;
-    let inputs: Vec<Option<TensorView>> =
-        prepared.inputs.iter().map(|t| t.as_deref().map(TensorView::of_tensor)).collect();
+    let inputs: Vec<Option<TensorView>> = inputs.iter().map(|t| t.as_deref().map(TensorView::of_tensor)).collect();
     let views: Vec<TensorView> = outputs.iter().map(TensorView::of_tensor).collect();
-    dispatch::run_host(&model.entry, &prepared.attrs, &prepared.plan, &inputs, HostOutputs::New(&views), alloc)?;
+    dispatch::run_host(&model.entry, attrs, plan, &inputs, HostOutputs::New(&views), alloc)?;
     Ok(outputs)
 }
 
-/// Prepares and runs `request` on `model`'s executor; the awaitable result.
-/// With a `session`, every tensor of the call comes from the session's pool, within its quota.
+/// Queues `request` for `model`'s compute workers (which check it, load its inputs into pooled
+/// memory and run it: no kernel-sized work on the async runtime's threads); the awaitable
+/// result. With a `session`, every tensor of the call comes from the session's pool, within
+/// its quota.
 pub async fn infer(
     model: Arc<ModelVersion>,
     request: InferRequest,
     max_input_bytes: usize,
     session: Option<Lease>,
 ) -> Result<Vec<Output>> {
-    let (reply, result) = tokio::sync::oneshot::channel();
-    let worker_model = Arc::clone(&model);
-    // Decoding into pooled memory and validation run on the worker too: no kernel-sized work on
-    // the async runtime's threads.
-    model.executor.submit(Box::new(move |stream| {
-        let session = session.as_ref();
-        let outcome = prepare(&worker_model, request, max_input_bytes, session)
-            .and_then(|prepared| execute(&worker_model, prepared, stream, session));
-        let outcome = match (outcome, session) {
-            (Err(error), Some(lease)) => Err(lease.explain(error)),
-            (outcome, _) => outcome,
-        };
-        let _ = reply.send(outcome);
-    }))?;
+    let (sender, result) = tokio::sync::oneshot::channel();
+    let call = Call { model: Arc::clone(&model), request, max_input_bytes, reply: Reply { session, sender } };
+    model.executor.submit(call)?;
     result.await.map_err(|_| ServeError::internal("the compute worker stopped before answering"))?
 }
 

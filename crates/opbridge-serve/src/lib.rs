@@ -7,6 +7,7 @@
 //! - [`http`] and [`grpc`]: the two front ends; [`metrics`]: Prometheus text with Triton's names.
 
 pub mod ab;
+pub mod batch;
 pub mod cli;
 pub mod datatype;
 pub mod error;

@@ -14,9 +14,10 @@ use opbridge_ops::{AttrValue, Entry, Registry};
 use opbridge_runtime::{DeviceContext, DeviceId};
 
 use crate::ab::WeightedRoute;
+use crate::batch::BatchPolicy;
 use crate::error::{Result, ServeError};
 use crate::executor::Executor;
-use crate::infer::Param;
+use crate::infer::{Call, Param};
 use crate::repository::{AliasConfig, ModelConfig, Repository, VersionPolicy};
 
 /// How loaded versions execute.
@@ -46,6 +47,52 @@ pub struct Stats {
     pub failures: crate::metrics::Failures,
     /// Unversioned requests the model's `[ab]` weights sent here.
     pub ab_routed: AtomicU64,
+    /// Executions by batch size (Triton's `batch_stats`).
+    pub batches: Mutex<BTreeMap<usize, BatchStats>>,
+}
+
+/// How long one request, or one execution, spent in each phase.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Times {
+    pub queue_ns: u64,
+    pub input_ns: u64,
+    pub infer_ns: u64,
+    pub output_ns: u64,
+}
+
+/// Executions of one batch size: how many, and their compute phases' total times.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BatchStats {
+    pub count: u64,
+    pub input_ns: u64,
+    pub infer_ns: u64,
+    pub output_ns: u64,
+}
+
+impl Stats {
+    /// A request that ran (alone or in a batch, whose compute times it shares), counting
+    /// `inferences` (Triton's: its batch size).
+    pub fn request(&self, times: &Times, inferences: u64) {
+        self.queue.add(times.queue_ns);
+        self.compute_input.add(times.input_ns);
+        self.compute_infer.add(times.infer_ns);
+        self.compute_output.add(times.output_ns);
+        self.inference_count.fetch_add(inferences, Ordering::Relaxed);
+        let now_ms =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        self.last_inference_ms.store(now_ms, Ordering::Relaxed);
+    }
+
+    /// One execution of the model (one kernel launch) over a batch of `batch_size`.
+    pub fn execution(&self, times: &Times, batch_size: usize) {
+        self.execution_count.fetch_add(1, Ordering::Relaxed);
+        let mut batches = self.batches.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = batches.entry(batch_size).or_default();
+        entry.count += 1;
+        entry.input_ns += times.input_ns;
+        entry.infer_ns += times.infer_ns;
+        entry.output_ns += times.output_ns;
+    }
 }
 
 /// A `{count, ns}` statistic.
@@ -80,7 +127,9 @@ pub struct ModelVersion {
     pub runs_on_worker: bool,
     /// The model's config (defaults for a built-in operator served as itself).
     pub config: Arc<ModelConfig>,
-    pub executor: Executor,
+    pub executor: Executor<Call>,
+    /// How queued requests merge (the config's `[dynamic_batching]`).
+    pub batching: Option<BatchPolicy>,
     pub stats: Stats,
     pub load_seconds: f64,
     /// The plugin library the version's op lives in (shared with aliases of it); closed when
@@ -498,7 +547,22 @@ impl Models {
             .map_err(|e| ServeError::invalid(format!("device {device} is not available: {e}")))?;
         let label = format!("model '{name}' version {version}");
         let queue = config.max_queue_size.unwrap_or(self.exec.queue);
-        let executor = Executor::start(&label, ctx, self.exec.workers, queue)?;
+        let batching = match &config.dynamic_batching {
+            None => None,
+            Some(dynamic) => Some(BatchPolicy::new(
+                entry.op.batching().ok_or_else(|| {
+                    ServeError::invalid(format!(
+                        "operator '{}' version {} does not declare how its calls merge along axis 0, so it \
+                         cannot be batched; remove [dynamic_batching] from the model's config",
+                        entry.schema().name,
+                        entry.schema().version
+                    ))
+                })?,
+                dynamic,
+            )),
+        };
+        let work = if batching.is_some() { crate::batch::work } else { crate::infer::work };
+        let executor = Executor::start(&label, ctx, self.exec.workers, queue, work)?;
         let runs_on_worker =
             device.kind == opbridge_runtime::DeviceKind::Cpu && entry.op.devices().contains(&device.kind);
         Ok(Arc::new(ModelVersion {
@@ -510,6 +574,7 @@ impl Models {
             runs_on_worker,
             config: Arc::clone(config),
             executor,
+            batching,
             stats: Stats::default(),
             load_seconds: started.elapsed().as_secs_f64(),
             alias_of: config.alias.as_ref().map(|a| a.op.clone()).filter(|op| self.read().contains_key(op)),

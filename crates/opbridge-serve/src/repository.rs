@@ -65,6 +65,24 @@ pub struct AbConfig {
     pub weights: BTreeMap<u32, u32>,
 }
 
+/// `[dynamic_batching]` (Triton's names): small requests queued for the model are merged along
+/// axis 0 into one call. A request's batch size is its axis-0 length.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DynamicBatching {
+    /// How long the first request of a batch may wait for others (0: batch only what is
+    /// already queued).
+    pub max_queue_delay_us: u64,
+    /// Batch sizes at which to stop waiting (sorted, at most `max_batch_size`).
+    pub preferred_batch_size: Vec<usize>,
+    /// The largest batch; a larger request runs alone.
+    pub max_batch_size: usize,
+}
+
+impl DynamicBatching {
+    /// `max_batch_size` when the config does not say.
+    pub const DEFAULT_MAX_BATCH_SIZE: usize = 64;
+}
+
 /// A model folder's `config.toml`. Every key is optional; unknown keys are an error.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
@@ -76,6 +94,7 @@ pub struct ModelConfig {
     pub session_quota: Option<usize>,
     pub alias: Option<AliasConfig>,
     pub ab: Option<AbConfig>,
+    pub dynamic_batching: Option<DynamicBatching>,
 }
 
 impl Default for ModelConfig {
@@ -88,14 +107,24 @@ impl Default for ModelConfig {
             session_quota: None,
             alias: None,
             ab: None,
+            dynamic_batching: None,
         }
     }
 }
 
-const TOP_KEYS: &[&str] =
-    &["version_policy", "device", "max_queue_size", "max_request_bytes", "session_quota", "alias", "ab"];
+const TOP_KEYS: &[&str] = &[
+    "version_policy",
+    "device",
+    "max_queue_size",
+    "max_request_bytes",
+    "session_quota",
+    "alias",
+    "ab",
+    "dynamic_batching",
+];
 const ALIAS_KEYS: &[&str] = &["op", "version", "attributes"];
 const AB_KEYS: &[&str] = &["weights"];
+const BATCHING_KEYS: &[&str] = &["max_queue_delay_us", "preferred_batch_size", "max_batch_size"];
 
 fn unknown_key(key: &str, table: &str, known: &[&str]) -> String {
     format!("unknown key '{key}' in {table} (known keys: {})", known.join(", "))
@@ -143,6 +172,7 @@ impl ModelConfig {
                 "session_quota" => config.session_quota = Some(positive(value, key)? as usize),
                 "alias" => config.alias = Some(parse_alias(value)?),
                 "ab" => config.ab = Some(parse_ab(value)?),
+                "dynamic_batching" => config.dynamic_batching = Some(parse_batching(value)?),
                 other => return Err(unknown_key(other, "the config", TOP_KEYS)),
             }
         }
@@ -204,6 +234,60 @@ fn parse_ab(value: &toml::Value) -> std::result::Result<AbConfig, String> {
     }
     let weights = weights.ok_or("[ab] needs 'weights', a table of version = weight")?;
     Ok(AbConfig { weights })
+}
+
+/// `[dynamic_batching] max_queue_delay_us = 500, preferred_batch_size = [8, 16],
+/// max_batch_size = 32`: every key optional (an empty table batches what is queued, up to the
+/// default maximum).
+fn parse_batching(value: &toml::Value) -> std::result::Result<DynamicBatching, String> {
+    let table = value.as_table().ok_or_else(|| format!("[dynamic_batching] must be a table, got {value}"))?;
+    let mut batching = DynamicBatching {
+        max_queue_delay_us: 0,
+        preferred_batch_size: Vec::new(),
+        max_batch_size: DynamicBatching::DEFAULT_MAX_BATCH_SIZE,
+    };
+    let mut max_given = false;
+    for (key, value) in table {
+        let key_name = format!("dynamic_batching.{key}");
+        match key.as_str() {
+            "max_queue_delay_us" => {
+                // At most a minute: a longer wait is a mistake, not a batching policy.
+                batching.max_queue_delay_us = value
+                    .as_integer()
+                    .filter(|d| (0..=60_000_000).contains(d))
+                    .ok_or_else(|| format!("'{key_name}' must be an integer from 0 to 60000000, got {value}"))?
+                    as u64;
+            }
+            "max_batch_size" => {
+                batching.max_batch_size = positive(value, &key_name)? as usize;
+                max_given = true;
+            }
+            "preferred_batch_size" => {
+                let sizes = value
+                    .as_array()
+                    .ok_or_else(|| format!("'{key_name}' must be a list of positive integers, got {value}"))?;
+                batching.preferred_batch_size = sizes
+                    .iter()
+                    .map(|v| positive(v, &key_name).map(|n| n as usize))
+                    .collect::<std::result::Result<_, _>>()?;
+            }
+            other => return Err(unknown_key(other, "[dynamic_batching]", BATCHING_KEYS)),
+        }
+    }
+    batching.preferred_batch_size.sort_unstable();
+    batching.preferred_batch_size.dedup();
+    if let Some(&largest) = batching.preferred_batch_size.last() {
+        if largest > batching.max_batch_size {
+            if max_given {
+                return Err(format!(
+                    "'dynamic_batching.preferred_batch_size' {largest} exceeds 'dynamic_batching.max_batch_size' {}",
+                    batching.max_batch_size
+                ));
+            }
+            batching.max_batch_size = largest;
+        }
+    }
+    Ok(batching)
 }
 
 fn parse_policy(value: &toml::Value) -> std::result::Result<VersionPolicy, String> {
@@ -518,6 +602,36 @@ mod tests {
             ("[ab]\nweight = { \"1\" = 1 }", "unknown key 'weight' in [ab]"),
             ("[ab]", "[ab] needs 'weights'"),
             ("ab = 1", "[ab] must be a table"),
+        ] {
+            let error = ModelConfig::parse(bad).unwrap_err();
+            assert!(error.contains(names), "{bad}: {error}");
+        }
+    }
+
+    #[test]
+    fn dynamic_batching_parses_with_defaults_and_bad_keys_are_named() {
+        let config = ModelConfig::parse(
+            "[dynamic_batching]\nmax_queue_delay_us = 500\npreferred_batch_size = [16, 8, 16]\nmax_batch_size = 32",
+        )
+        .unwrap();
+        let batching = config.dynamic_batching.unwrap();
+        assert_eq!(
+            (batching.max_queue_delay_us, batching.preferred_batch_size, batching.max_batch_size),
+            (500, vec![8, 16], 32)
+        );
+        let empty = ModelConfig::parse("[dynamic_batching]").unwrap().dynamic_batching.unwrap();
+        assert_eq!((empty.max_queue_delay_us, empty.max_batch_size), (0, DynamicBatching::DEFAULT_MAX_BATCH_SIZE));
+        let raised = ModelConfig::parse("[dynamic_batching]\npreferred_batch_size = [128]").unwrap();
+        assert_eq!(raised.dynamic_batching.unwrap().max_batch_size, 128, "a preferred size raises the default");
+        for (bad, names) in [
+            ("[dynamic_batching]\nmax_queue_delay_us = -1", "'dynamic_batching.max_queue_delay_us'"),
+            ("[dynamic_batching]\nmax_queue_delay_us = 60000001", "'dynamic_batching.max_queue_delay_us'"),
+            ("[dynamic_batching]\nmax_batch_size = 0", "'dynamic_batching.max_batch_size'"),
+            ("[dynamic_batching]\npreferred_batch_size = [0]", "'dynamic_batching.preferred_batch_size'"),
+            ("[dynamic_batching]\npreferred_batch_size = 8", "'dynamic_batching.preferred_batch_size' must be a list"),
+            ("[dynamic_batching]\npreferred_batch_size = [64]\nmax_batch_size = 32", "exceeds"),
+            ("[dynamic_batching]\nmax_delay = 1", "unknown key 'max_delay' in [dynamic_batching]"),
+            ("dynamic_batching = true", "[dynamic_batching] must be a table"),
         ] {
             let error = ModelConfig::parse(bad).unwrap_err();
             assert!(error.contains(names), "{bad}: {error}");

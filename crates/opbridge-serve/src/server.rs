@@ -236,17 +236,24 @@ impl Server {
                 parameters.insert(format!("ab.weights.{version}"), json!({"string_value": weight.to_string()}));
             }
         }
-        Ok(json!({
+        let mut config = json!({
             "name": found.model,
             "platform": "opbridge",
             "backend": "opbridge",
             "version_policy": found.config.version_policy.to_json(),
-            "max_batch_size": 0,
+            "max_batch_size": found.config.dynamic_batching.as_ref().map_or(0, |b| b.max_batch_size),
             "input": inputs,
             "output": outputs,
             "parameters": parameters,
             "instance_group": [{"name": found.model, "kind": "KIND_CPU", "count": 1}],
-        }))
+        });
+        if let Some(batching) = &found.config.dynamic_batching {
+            config["dynamic_batching"] = json!({
+                "preferred_batch_size": batching.preferred_batch_size,
+                "max_queue_delay_microseconds": batching.max_queue_delay_us,
+            });
+        }
+        Ok(config)
     }
 
     /// Triton's statistics for one model version, one model, or every loaded one.
@@ -323,6 +330,23 @@ pub fn tensor_metadata(model: &ModelVersion) -> (Vec<Value>, Vec<Value>) {
     (inputs, outputs)
 }
 
+/// Triton's `batch_stats`: executions by batch size, each phase's count being the executions'.
+fn batch_stats(stats: &crate::models::Stats) -> Value {
+    let batches = stats.batches.lock().unwrap_or_else(|p| p.into_inner());
+    let phase = |count: u64, ns: u64| json!({"count": count, "ns": ns});
+    batches
+        .iter()
+        .map(|(size, b)| {
+            json!({
+                "batch_size": size,
+                "compute_input": phase(b.count, b.input_ns),
+                "compute_infer": phase(b.count, b.infer_ns),
+                "compute_output": phase(b.count, b.output_ns),
+            })
+        })
+        .collect()
+}
+
 fn version_stats(v: &ModelVersion) -> Value {
     let d = |d: &crate::models::Duration| {
         let (count, ns) = d.get();
@@ -346,7 +370,7 @@ fn version_stats(v: &ModelVersion) -> Value {
             "cache_miss": {"count": 0, "ns": 0},
         },
         "response_stats": {},
-        "batch_stats": [],
+        "batch_stats": batch_stats(s),
         "memory_usage": [],
     })
 }
