@@ -77,10 +77,20 @@ pub fn work(stream: &opbridge_runtime::Stream, jobs: &Jobs<Call>) -> bool {
     let deadline = first.at + policy.delay;
     let mut groups = gather_one(&model, Some(policy), first, Vec::new());
     // A first request that cannot be batched does not wait for company.
-    let waits = groups.first().is_some_and(|g| g.open);
-    while waits && groups.first().is_some_and(|g| g.rows < policy.enough) {
-        let Some(next) = taken.next_before(deadline) else { break };
-        groups = gather_one(&model, Some(policy), next, groups);
+    while let Some(group) = groups.first().filter(|g| g.open && g.rows < policy.enough) {
+        // Woken once as many requests as would fill the batch are queued (guessing they are
+        // the size of those so far), or at the deadline: not by each arrival.
+        let rows_each = (group.rows / group.members.len()).max(1);
+        let arrived = taken.when((policy.enough - group.rows).div_ceil(rows_each), deadline);
+        if arrived.is_empty() {
+            break;
+        }
+        for queued in arrived {
+            groups = gather_one(&model, Some(policy), queued, groups);
+        }
+        if Instant::now() >= deadline {
+            break;
+        }
     }
     // The queue goes to the next worker while this one runs the batch.
     drop(taken);

@@ -3,9 +3,9 @@
 //! the queue on it (one request, or a batch of them); a full queue is refused at once (503 /
 //! UNAVAILABLE), as Triton's `max_queue_size` is.
 
-use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -20,45 +20,76 @@ pub struct Queued<T> {
     pub at: Instant,
 }
 
-/// The receiving end of an executor's queue, shared by its workers.
+/// The queue between the I/O threads and the compute workers.
 #[derive(Debug)]
 pub struct Jobs<T> {
-    queue: Mutex<Receiver<Queued<T>>>,
-    pending: Arc<AtomicUsize>,
+    /// Held by the worker that takes from the queue (see [`Jobs::take`]).
+    gate: Mutex<()>,
+    state: Mutex<State<T>>,
+    /// Signalled when the worker waiting on the queue should look at it.
+    changed: Condvar,
+}
+
+#[derive(Debug)]
+struct State<T> {
+    items: VecDeque<Queued<T>>,
+    capacity: usize,
+    /// No more items: workers finish the queued ones and exit.
+    closed: bool,
+    /// How many items the waiting worker wants before it is woken (0: nobody waits). A worker
+    /// waiting for its first item wants 1; a batching worker gathering a batch wants as many as
+    /// would fill it, and is not woken by each arrival before that: one wake-up per batch, not
+    /// per request (a thread wake-up costs more than a small request's kernel).
+    wake_at: usize,
 }
 
 impl<T> Jobs<T> {
-    /// Takes the queue: until the guard goes, this worker alone receives (a batching worker
-    /// gathers a batch while the others run theirs).
+    fn lock(&self) -> MutexGuard<'_, State<T>> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes the queue: until the guard goes, this worker alone takes from it (a batching
+    /// worker gathers a batch while the others run theirs).
     pub fn take(&self) -> Taken<'_, T> {
-        Taken { queue: self.queue.lock().unwrap_or_else(|p| p.into_inner()), pending: &self.pending }
+        Taken { _gate: self.gate.lock().unwrap_or_else(|p| p.into_inner()), jobs: self }
     }
 }
 
 /// The queue, taken by one worker (see [`Jobs::take`]).
 #[derive(Debug)]
 pub struct Taken<'a, T> {
-    queue: MutexGuard<'a, Receiver<Queued<T>>>,
-    pending: &'a AtomicUsize,
+    _gate: MutexGuard<'a, ()>,
+    jobs: &'a Jobs<T>,
 }
 
 impl<T> Taken<'_, T> {
     /// The next item, waiting for one; `None` once the queue is closed and empty.
     pub fn next(&self) -> Option<Queued<T>> {
-        let queued = self.queue.recv().ok()?;
-        self.pending.fetch_sub(1, Ordering::Relaxed);
-        Some(queued)
+        let mut state = self.jobs.lock();
+        loop {
+            if let Some(queued) = state.items.pop_front() {
+                return Some(queued);
+            }
+            if state.closed {
+                return None;
+            }
+            state.wake_at = 1;
+            state = self.jobs.changed.wait(state).unwrap_or_else(|p| p.into_inner());
+            state.wake_at = 0;
+        }
     }
 
-    /// The next item if one comes before `deadline` (one already queued when it has passed).
-    pub fn next_before(&self, deadline: Instant) -> Option<Queued<T>> {
-        let wait = deadline.saturating_duration_since(Instant::now());
-        let queued = match self.queue.recv_timeout(wait) {
-            Ok(queued) => queued,
-            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => return None,
-        };
-        self.pending.fetch_sub(1, Ordering::Relaxed);
-        Some(queued)
+    /// Every queued item once `count` are queued or `deadline` has passed (or the queue is
+    /// closed), waiting until then: empty when the deadline passed with nothing queued.
+    pub fn when(&self, count: usize, deadline: Instant) -> Vec<Queued<T>> {
+        let mut state = self.jobs.lock();
+        while state.items.len() < count.max(1) && !state.closed {
+            let Some(wait) = deadline.checked_duration_since(Instant::now()).filter(|d| !d.is_zero()) else { break };
+            state.wake_at = count.max(1);
+            state = self.jobs.changed.wait_timeout(state, wait).unwrap_or_else(|p| p.into_inner()).0;
+            state.wake_at = 0;
+        }
+        state.items.drain(..).collect()
     }
 }
 
@@ -70,9 +101,7 @@ pub type Work<T> = fn(&Stream, &Jobs<T>) -> bool;
 #[derive(Debug)]
 pub struct Executor<T> {
     label: String,
-    queue: Mutex<Option<SyncSender<Queued<T>>>>,
-    /// Items queued and not yet taken (the `nv_inference_pending_request_count` gauge).
-    pending: Arc<AtomicUsize>,
+    jobs: Arc<Jobs<T>>,
     workers: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -86,9 +115,8 @@ impl<T: Send + 'static> Executor<T> {
         capacity: usize,
         work: Work<T>,
     ) -> Result<Executor<T>> {
-        let (queue, receiver) = mpsc::sync_channel::<Queued<T>>(capacity.max(1));
-        let pending = Arc::new(AtomicUsize::new(0));
-        let jobs = Arc::new(Jobs { queue: Mutex::new(receiver), pending: Arc::clone(&pending) });
+        let state = State { items: VecDeque::new(), capacity: capacity.max(1), closed: false, wake_at: 0 };
+        let jobs = Arc::new(Jobs { gate: Mutex::new(()), state: Mutex::new(state), changed: Condvar::new() });
         let mut handles = Vec::new();
         for i in 0..workers.max(1) {
             let stream = Stream::new(ctx)?;
@@ -102,36 +130,47 @@ impl<T: Send + 'static> Executor<T> {
                 .map_err(|e| ServeError::internal(format!("cannot start a compute worker: {e}")))?;
             handles.push(handle);
         }
-        Ok(Executor { label: label.into(), queue: Mutex::new(Some(queue)), pending, workers: Mutex::new(handles) })
+        Ok(Executor { label: label.into(), jobs, workers: Mutex::new(handles) })
     }
 
     /// Queues `item`, or refuses at once when the queue is full or closed.
     pub fn submit(&self, item: T) -> Result<()> {
-        let queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(queue) = queue.as_ref() else {
+        let mut state = self.jobs.lock();
+        if state.closed {
             return Err(ServeError::unavailable(format!("{} is unloading", self.label)));
-        };
-        self.pending.fetch_add(1, Ordering::Relaxed);
-        queue.try_send(Queued { item, at: Instant::now() }).map_err(|e| {
-            self.pending.fetch_sub(1, Ordering::Relaxed);
-            match e {
-                TrySendError::Full(_) => ServeError::unavailable(format!("{}: exceeds maximum queue size", self.label)),
-                TrySendError::Disconnected(_) => ServeError::unavailable(format!("{} is unloading", self.label)),
-            }
-        })
+        }
+        if state.items.len() >= state.capacity {
+            return Err(ServeError::unavailable(format!("{}: exceeds maximum queue size", self.label)));
+        }
+        state.items.push_back(Queued { item, at: Instant::now() });
+        let wake = state.wake_at != 0 && state.items.len() >= state.wake_at;
+        drop(state);
+        if wake {
+            self.jobs.changed.notify_one();
+        }
+        Ok(())
     }
+
+    /// Items queued and not yet taken (the `nv_inference_pending_request_count` gauge).
     pub fn pending(&self) -> usize {
-        self.pending.load(Ordering::Relaxed)
+        self.jobs.lock().items.len()
     }
 
     /// Refuses new jobs, lets the workers finish the queued ones, and waits for them (blocking:
     /// call it off the async runtime).
     pub fn drain(&self) {
-        self.queue.lock().unwrap_or_else(|p| p.into_inner()).take();
+        self.close();
         let workers = std::mem::take(&mut *self.workers.lock().unwrap_or_else(|p| p.into_inner()));
         for worker in workers {
             let _ = worker.join();
         }
+    }
+}
+
+impl<T> Executor<T> {
+    fn close(&self) {
+        self.jobs.lock().closed = true;
+        self.jobs.changed.notify_all();
     }
 }
 
@@ -175,6 +214,6 @@ fn lower_priority() {
 impl<T> Drop for Executor<T> {
     fn drop(&mut self) {
         // Closing the queue is enough: the workers finish what was queued and exit.
-        self.queue.get_mut().unwrap_or_else(|p| p.into_inner()).take();
+        self.close();
     }
 }
