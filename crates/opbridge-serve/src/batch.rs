@@ -115,7 +115,8 @@ fn gather_one(
             return groups;
         }
     };
-    let rows = policy.and_then(|p| {
+    // A call in shared memory runs alone, in place: merging would copy it.
+    let rows = policy.filter(|_| checked.shm.is_none()).and_then(|p| {
         let rows = p.op.rows_of(&checked.metas(), &checked.attrs)?;
         (rows <= p.config.max_batch_size).then_some(rows)
     });

@@ -75,6 +75,10 @@ pub struct ServeArgs {
     /// Seconds without requests after which a session and its pools are released.
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
     pub session_idle_secs: u64,
+    /// Allow system shared memory (Triton's extension): clients register /dev/shm regions and
+    /// name them instead of sending tensors' bytes. Off by default, as Triton.
+    #[arg(long)]
+    pub allow_shared_memory: bool,
     /// Seconds to let requests in flight finish after SIGTERM / SIGINT.
     #[arg(long, default_value_t = 30)]
     pub exit_timeout_secs: u64,

@@ -16,6 +16,7 @@ use crate::models::Target;
 use crate::repository;
 use crate::server::Server;
 use crate::sessions::SESSION_HEADER;
+use crate::shm::{Regions, TENSOR_PARAMS};
 
 #[allow(clippy::all, missing_debug_implementations, missing_docs, rustdoc::all)]
 pub mod proto {
@@ -157,7 +158,18 @@ fn routing_key(
     Ok(Some(text.to_string()))
 }
 
-fn to_request(message: ModelInferRequest) -> Result<InferRequest, ServeError> {
+/// A tensor's parameters as the protocol-neutral values.
+fn tensor_params(parameters: &HashMap<String, InferParameter>) -> Result<Vec<(String, Param)>, ServeError> {
+    let value = |(key, value): (&String, &InferParameter)| {
+        param(value)
+            .map(|v| (key.clone(), v))
+            .ok_or_else(|| ServeError::invalid(format!("parameter '{key}' has no value")))
+    };
+    parameters.iter().map(value).collect()
+}
+
+/// The request as a protocol-neutral one; shared memory named in it is `owner`'s.
+fn to_request(message: ModelInferRequest, regions: &Regions, owner: &[u8]) -> Result<InferRequest, ServeError> {
     let mut request = InferRequest { id: message.id, ..Default::default() };
     for (key, value) in &message.parameters {
         let value = param(value).ok_or_else(|| ServeError::invalid(format!("parameter '{key}' has no value")))?;
@@ -174,8 +186,16 @@ fn to_request(message: ModelInferRequest) -> Result<InferRequest, ServeError> {
     }
     let mut raw = raw.into_iter();
     for input in message.inputs {
-        infer::check_tensor_params("input", &input.name, input.parameters.keys().map(String::as_str), &[])?;
+        infer::check_tensor_params("input", &input.name, input.parameters.keys().map(String::as_str), &TENSOR_PARAMS)?;
+        let shm = regions.tensor(owner, "input", &input.name, &tensor_params(&input.parameters)?)?;
         let data = match (raw.next(), input.contents) {
+            (None, None) if shm.is_some() => InputData::Shm(shm.expect("matched")),
+            _ if shm.is_some() => {
+                return Err(ServeError::invalid(format!(
+                    "input '{}' is in shared memory: it cannot also have contents or raw_input_contents",
+                    input.name
+                )))
+            }
             (Some(_), Some(c)) if c != InferTensorContents::default() => {
                 return Err(ServeError::invalid(format!(
                     "input '{}': contents and raw_input_contents cannot both be given",
@@ -188,12 +208,15 @@ fn to_request(message: ModelInferRequest) -> Result<InferRequest, ServeError> {
         };
         request.inputs.push(InferInput { name: input.name, datatype: input.datatype, shape: input.shape, data });
     }
-    for output in &message.outputs {
-        infer::check_tensor_params("output", &output.name, output.parameters.keys().map(String::as_str), &[])?;
-    }
     if !message.outputs.is_empty() {
-        request.outputs =
-            Some(message.outputs.into_iter().map(|o| RequestedOutput { name: o.name, binary: None }).collect());
+        let mut wanted = Vec::with_capacity(message.outputs.len());
+        for output in message.outputs {
+            let keys = output.parameters.keys().map(String::as_str);
+            infer::check_tensor_params("output", &output.name, keys, &TENSOR_PARAMS)?;
+            let shm = regions.tensor(owner, "output", &output.name, &tensor_params(&output.parameters)?)?;
+            wanted.push(RequestedOutput { name: output.name, binary: None, shm });
+        }
+        request.outputs = Some(wanted);
     }
     Ok(request)
 }
@@ -286,9 +309,9 @@ impl GrpcInferenceService for Service {
                     ),
                 ));
             }
-            let request = to_request(message)?;
-            let id = request.id.clone();
             let header = metadata.get(SESSION_HEADER).map(|v| v.as_bytes());
+            let request = to_request(message, &self.server.shm, header.unwrap_or_default())?;
+            let id = request.id.clone();
             let session = self.server.session_lease(&request, header, &found)?;
             let limit = self.server.limits.grpc_max_message_size;
             let outputs = infer::infer(Arc::clone(&found), request, limit, session).await?;
@@ -299,13 +322,25 @@ impl GrpcInferenceService for Service {
                 ..Default::default()
             };
             for output in outputs {
+                let parameters = output.shm.iter().flat_map(|slice| slice.params()).map(|(key, value)| {
+                    use proto::infer_parameter::ParameterChoice as P;
+                    let choice = match value {
+                        serde_json::Value::String(s) => P::StringParam(s),
+                        other => P::Int64Param(other.as_i64().unwrap_or_default()),
+                    };
+                    (key.to_string(), InferParameter { parameter_choice: Some(choice) })
+                });
                 response.outputs.push(model_infer_response::InferOutputTensor {
                     name: output.name.clone(),
                     datatype: output.datatype.name().into(),
                     shape: output.shape.iter().map(|&d| d as i64).collect(),
+                    parameters: parameters.collect(),
                     ..Default::default()
                 });
-                response.raw_output_contents.push(bytes::Bytes::from_owner(output.data));
+                // An output in shared memory keeps its place with no bytes: clients index the
+                // raw contents by output.
+                let data = output.data.map(bytes::Bytes::from_owner);
+                response.raw_output_contents.push(data.unwrap_or_default());
             }
             Ok::<_, ServeError>(response)
         }
@@ -428,23 +463,45 @@ impl GrpcInferenceService for Service {
 
     async fn system_shared_memory_status(
         &self,
-        _: Request<SystemSharedMemoryStatusRequest>,
+        request: Request<SystemSharedMemoryStatusRequest>,
     ) -> Result<Response<SystemSharedMemoryStatusResponse>, Status> {
-        Err(unimplemented("system shared memory"))
+        self.authorized(&request, "shared_memory")?;
+        let owner = shm_owner(request.metadata()).to_vec();
+        let name = Some(request.get_ref().name.as_str()).filter(|n| !n.is_empty());
+        let regions = self.server.shm.status(&owner, name).map_err(|e| self.reject("shared_memory", e))?;
+        let regions = regions.iter().map(|region| {
+            let status = system_shared_memory_status_response::RegionStatus {
+                name: region.name.clone(),
+                key: region.key.clone(),
+                offset: region.offset as u64,
+                byte_size: region.byte_size as u64,
+            };
+            (region.name.clone(), status)
+        });
+        Ok(Response::new(SystemSharedMemoryStatusResponse { regions: regions.collect() }))
     }
 
     async fn system_shared_memory_register(
         &self,
-        _: Request<SystemSharedMemoryRegisterRequest>,
+        request: Request<SystemSharedMemoryRegisterRequest>,
     ) -> Result<Response<SystemSharedMemoryRegisterResponse>, Status> {
-        Err(unimplemented("system shared memory"))
+        self.authorized(&request, "shared_memory")?;
+        let owner = shm_owner(request.metadata()).to_vec();
+        let r = request.into_inner();
+        let registered = self.server.shm.register(&owner, &r.name, &r.key, r.offset, r.byte_size);
+        registered.map_err(|e| self.reject("shared_memory", e))?;
+        Ok(Response::new(SystemSharedMemoryRegisterResponse {}))
     }
 
     async fn system_shared_memory_unregister(
         &self,
-        _: Request<SystemSharedMemoryUnregisterRequest>,
+        request: Request<SystemSharedMemoryUnregisterRequest>,
     ) -> Result<Response<SystemSharedMemoryUnregisterResponse>, Status> {
-        Err(unimplemented("system shared memory"))
+        self.authorized(&request, "shared_memory")?;
+        let owner = shm_owner(request.metadata()).to_vec();
+        let name = Some(request.get_ref().name.as_str()).filter(|n| !n.is_empty());
+        self.server.shm.unregister(&owner, name).map_err(|e| self.reject("shared_memory", e))?;
+        Ok(Response::new(SystemSharedMemoryUnregisterResponse {}))
     }
 
     async fn cuda_shared_memory_status(
@@ -475,6 +532,11 @@ impl GrpcInferenceService for Service {
     async fn log_settings(&self, _: Request<LogSettingsRequest>) -> Result<Response<LogSettingsResponse>, Status> {
         Err(unimplemented("log settings"))
     }
+}
+
+/// A shared-memory region's owner: the caller's session (none: the empty one).
+fn shm_owner(metadata: &tonic::metadata::MetadataMap) -> &[u8] {
+    metadata.get(SESSION_HEADER).map_or(&[][..], |v| v.as_bytes())
 }
 
 fn unimplemented(what: &str) -> Status {

@@ -27,6 +27,7 @@ use crate::models::{check_name, ModelVersion, Target};
 use crate::repository::ModelConfig;
 use crate::server::{Server, BINARY_HEADER};
 use crate::sessions::SESSION_HEADER;
+use crate::shm;
 
 impl IntoResponse for ServeError {
     fn into_response(self) -> Response {
@@ -79,6 +80,11 @@ pub fn router(server: Arc<Server>) -> Router {
         .route("/v2/repository/{repository}/index", post(repository_index))
         .route("/v2/repository/models/{model}/load", post(repository_load))
         .route("/v2/repository/models/{model}/unload", post(repository_unload))
+        .route("/v2/systemsharedmemory/status", get(shm_status_all))
+        .route("/v2/systemsharedmemory/region/{region}/status", get(shm_status))
+        .route("/v2/systemsharedmemory/region/{region}/register", post(shm_register))
+        .route("/v2/systemsharedmemory/unregister", post(shm_unregister_all))
+        .route("/v2/systemsharedmemory/region/{region}/unregister", post(shm_unregister))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::map_response(json_errors))
@@ -581,7 +587,12 @@ fn routing_key(split: &SplitRequest, headers: &HeaderMap) -> Result<Option<Vec<u
 
 /// The split request as a protocol-neutral request for `model`, plus whether outputs default
 /// to binary.
-fn convert_request(s: &Server, model: &ModelVersion, split: SplitRequest) -> Result<(InferRequest, bool)> {
+fn convert_request(
+    s: &Server,
+    model: &ModelVersion,
+    split: SplitRequest,
+    owner: &[u8],
+) -> Result<(InferRequest, bool)> {
     let (parsed, mut binary) = match split {
         SplitRequest::Raw(body) => return raw_binary_request(model, body),
         SplitRequest::Json { parsed, binary } => (parsed, binary),
@@ -605,10 +616,18 @@ fn convert_request(s: &Server, model: &ModelVersion, split: SplitRequest) -> Res
     let limit = s.limits.http_max_input_size;
     for input in parsed.inputs {
         let keys = input.parameters.iter().flat_map(|p| p.keys().map(String::as_str));
-        infer::check_tensor_params("input", &input.name, keys, &["binary_data_size"])?;
+        infer::check_tensor_params("input", &input.name, keys, &INPUT_PARAMS)?;
+        let shm = s.shm.tensor(owner, "input", &input.name, &tensor_params(input.parameters.as_ref())?)?;
         let size = input.parameters.as_ref().and_then(|p| p.get("binary_data_size"));
-        let data = match (size, &input.data) {
-            (Some(size), None) => {
+        let data = match (size, &input.data, shm) {
+            (None, None, Some(slice)) => InputData::Shm(slice),
+            (_, _, Some(_)) => {
+                return Err(ServeError::invalid(format!(
+                    "input '{}' is in shared memory: it cannot also have data or binary_data_size",
+                    input.name
+                )))
+            }
+            (Some(size), None, None) => {
                 let size = size
                     .as_u64()
                     .and_then(|n| usize::try_from(n).ok())
@@ -622,7 +641,7 @@ fn convert_request(s: &Server, model: &ModelVersion, split: SplitRequest) -> Res
                 }
                 InputData::Raw(binary.split_to(size))
             }
-            (None, Some(data)) => {
+            (None, Some(data), None) => {
                 // Datatypes the input does not take are refused before their data is read.
                 if let Some(spec) = model.entry.schema().inputs.iter().find(|s| s.name == input.name) {
                     infer::accepted_dtype(model, spec, &input.name, &input.datatype)?;
@@ -636,10 +655,10 @@ fn convert_request(s: &Server, model: &ModelVersion, split: SplitRequest) -> Res
                 })?;
                 InputData::Numbers(json_numbers(&input.name, datatype, data, limit)?)
             }
-            (Some(_), Some(_)) => {
+            (Some(_), Some(_), None) => {
                 return Err(ServeError::invalid(format!("input '{}' has both data and binary_data_size", input.name)))
             }
-            (None, None) => return Err(ServeError::invalid(format!("input '{}' has no data", input.name))),
+            (None, None, None) => return Err(ServeError::invalid(format!("input '{}' has no data", input.name))),
         };
         request.inputs.push(InferInput { name: input.name, datatype: input.datatype, shape: input.shape, data });
     }
@@ -653,16 +672,26 @@ fn convert_request(s: &Server, model: &ModelVersion, split: SplitRequest) -> Res
         let mut wanted = Vec::new();
         for out in outputs {
             let keys = out.parameters.iter().flat_map(|p| p.keys().map(String::as_str));
-            infer::check_tensor_params("output", &out.name, keys, &["binary_data"])?;
+            infer::check_tensor_params("output", &out.name, keys, &OUTPUT_PARAMS)?;
             let binary = match out.parameters.as_ref().and_then(|p| p.get("binary_data")) {
                 None => None,
                 Some(v) => Some(v.as_bool().ok_or_else(|| ServeError::invalid("binary_data must be a boolean"))?),
             };
-            wanted.push(RequestedOutput { name: out.name, binary });
+            let shm = s.shm.tensor(owner, "output", &out.name, &tensor_params(out.parameters.as_ref())?)?;
+            wanted.push(RequestedOutput { name: out.name, binary, shm });
         }
         request.outputs = Some(wanted);
     }
     Ok((request, binary_output))
+}
+
+const INPUT_PARAMS: [&str; 4] =
+    ["binary_data_size", shm::TENSOR_PARAMS[0], shm::TENSOR_PARAMS[1], shm::TENSOR_PARAMS[2]];
+const OUTPUT_PARAMS: [&str; 4] = ["binary_data", shm::TENSOR_PARAMS[0], shm::TENSOR_PARAMS[1], shm::TENSOR_PARAMS[2]];
+
+/// A tensor's parameters as the protocol-neutral values.
+fn tensor_params(parameters: Option<&Map<String, Value>>) -> Result<Vec<(String, Param)>> {
+    parameters.into_iter().flatten().map(|(key, value)| Ok((key.clone(), param(key, value)?))).collect()
 }
 
 /// `Inference-Header-Content-Length: 0`: the body is the only input's bytes, as a 1-D tensor.
@@ -751,6 +780,62 @@ fn json_str(text: &str) -> String {
     Value::String(text.to_owned()).to_string()
 }
 
+/// A shared-memory region's owner: the caller's session (none: the empty one).
+fn shm_owner(headers: &HeaderMap) -> &[u8] {
+    headers.get(SESSION_HEADER).map_or(&[][..], |v| v.as_bytes())
+}
+
+/// The JSON list of the caller's regions (`region`: that one, 404 when it has none such).
+fn shm_status_of(s: &Server, headers: &HeaderMap, region: Option<&str>) -> Response {
+    let outcome = s.authorize(headers).and_then(|_| s.shm.status(shm_owner(headers), region));
+    let list = |regions: Vec<Arc<shm::Region>>| json_response(regions.iter().map(|r| r.json()).collect());
+    answer(s, outcome.map(list).map_err(|e| ("shared_memory", e)))
+}
+
+async fn shm_status_all(State(s): State<Arc<Server>>, headers: HeaderMap) -> Response {
+    shm_status_of(&s, &headers, None)
+}
+
+async fn shm_status(State(s): State<Arc<Server>>, Path(region): Path<String>, headers: HeaderMap) -> Response {
+    shm_status_of(&s, &headers, Some(&region))
+}
+
+#[derive(Debug, Deserialize)]
+struct ShmRegisterBody {
+    key: String,
+    #[serde(default)]
+    offset: u64,
+    byte_size: u64,
+}
+
+async fn shm_register(
+    State(s): State<Arc<Server>>,
+    Path(region): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let outcome = s.authorize(&headers).and_then(|_| {
+        let body: ShmRegisterBody = serde_json::from_slice(&body).map_err(|e| {
+            ServeError::invalid(format!("a register request is {{\"key\", \"offset\", \"byte_size\"}}: {e}"))
+        })?;
+        s.shm.register(shm_owner(&headers), &region, &body.key, body.offset, body.byte_size)
+    });
+    answer(&s, outcome.map(|()| json_response(json!({}))).map_err(|e| ("shared_memory", e)))
+}
+
+fn shm_unregister_of(s: &Server, headers: &HeaderMap, region: Option<&str>) -> Response {
+    let outcome = s.authorize(headers).and_then(|_| s.shm.unregister(shm_owner(headers), region));
+    answer(s, outcome.map(|()| json_response(json!({}))).map_err(|e| ("shared_memory", e)))
+}
+
+async fn shm_unregister_all(State(s): State<Arc<Server>>, headers: HeaderMap) -> Response {
+    shm_unregister_of(&s, &headers, None)
+}
+
+async fn shm_unregister(State(s): State<Arc<Server>>, Path(region): Path<String>, headers: HeaderMap) -> Response {
+    shm_unregister_of(&s, &headers, Some(&region))
+}
+
 /// `POST .../infer`, with or without a version.
 async fn infer_http(
     State(s): State<Arc<Server>>,
@@ -808,7 +893,7 @@ async fn infer_on(
 ) -> Response {
     let mut pending = infer::Pending::new(Arc::clone(found), started, "http");
     let outcome = async {
-        let (request, binary_default) = convert_request(s, found, split()?)?;
+        let (request, binary_default) = convert_request(s, found, split()?, shm_owner(headers))?;
         pending.identify(&request.id);
         let id = request.id.clone();
         let session = s.session_lease(&request, headers.get(SESSION_HEADER).map(|v| v.as_bytes()), found)?;
@@ -902,9 +987,12 @@ fn encode_response(model: &ModelVersion, id: String, outputs: Vec<Output>, binar
             output.datatype.name(),
             shape.join(",")
         );
-        if output.binary.unwrap_or(binary_default) {
-            let _ = write!(header, ",\"parameters\":{{\"binary_data_size\":{}}}}}", output.bytes().len());
-            chunks.push(Bytes::from_owner(output.data));
+        if let Some(slice) = &output.shm {
+            let params: Map<String, Value> = slice.params().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+            let _ = write!(header, ",\"parameters\":{}}}", Value::Object(params));
+        } else if let (true, Some(data)) = (output.binary.unwrap_or(binary_default), &output.data) {
+            let _ = write!(header, ",\"parameters\":{{\"binary_data_size\":{}}}}}", data.as_ref().len());
+            chunks.push(Bytes::from_owner(output.data.expect("matched")));
         } else {
             header.extend_from_slice(b",\"data\":");
             push_output_data(&mut header, &output);

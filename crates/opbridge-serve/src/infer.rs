@@ -17,6 +17,7 @@ use crate::error::{Code, Result, ServeError};
 use crate::executor::{Jobs, Queued};
 use crate::models::{truncate, ModelVersion, Times};
 use crate::sessions::Lease;
+use crate::shm::{ShmSlice, ShmUse};
 
 /// A request parameter's value (JSON scalar or gRPC `InferParameter`).
 #[derive(Debug, Clone, PartialEq)]
@@ -57,6 +58,8 @@ pub enum InputData {
     Raw(Bytes),
     /// Numbers, converted to the datatype (JSON `data` flattened, gRPC typed contents).
     Numbers(Numbers),
+    /// In a registered shared-memory region (read there at compute time).
+    Shm(ShmSlice),
 }
 
 /// Typed numbers of an input given as values rather than bytes.
@@ -92,6 +95,8 @@ pub struct RequestedOutput {
     pub name: String,
     /// `binary_data` of this output (HTTP), overriding the request's `binary_data_output`.
     pub binary: Option<bool>,
+    /// Where to write it instead of answering its bytes.
+    pub shm: Option<ShmSlice>,
 }
 
 /// A request, protocol-neutral.
@@ -110,14 +115,16 @@ pub struct Output {
     pub name: String,
     pub datatype: Datatype,
     pub shape: Vec<usize>,
-    pub data: HostBytes,
+    /// `None`: written to shared memory, `shm`.
+    pub data: Option<HostBytes>,
+    pub shm: Option<ShmSlice>,
     /// Whether the client asked for it as binary (HTTP).
     pub binary: Option<bool>,
 }
 
 impl Output {
     pub fn bytes(&self) -> &[u8] {
-        self.data.as_ref()
+        self.data.as_ref().map_or(&[], |data| data.as_ref())
     }
 }
 
@@ -140,7 +147,6 @@ fn is_protocol_param(name: &str) -> bool {
 fn unimplemented_param(name: &str) -> Option<&'static str> {
     match name {
         "classification" => Some("the classification extension"),
-        _ if name.starts_with("shared_memory_") => Some("shared memory"),
         _ => None,
     }
 }
@@ -241,6 +247,8 @@ pub struct Checked {
     /// Per schema output: requested, and how.
     pub(crate) wanted: Vec<Option<Option<bool>>>,
     pub(crate) plan: Plan,
+    /// The shared memory the call reads and writes, if any.
+    pub(crate) shm: Option<ShmUse>,
     /// When checking began (the request's compute-input time runs from here).
     pub(crate) started: Instant,
 }
@@ -288,10 +296,9 @@ pub fn check(
             continue;
         }
         if key.starts_with("shared_memory_") {
-            return Err(ServeError::new(
-                Code::Unimplemented,
-                format!("parameter '{key}' needs shared memory, which this server does not support"),
-            ));
+            return Err(ServeError::invalid(format!(
+                "parameter '{key}' belongs to an input or output, not to the request"
+            )));
         }
         if model.fixed.iter().any(|(fixed, _)| fixed == key) {
             return Err(ServeError::invalid(format!("model '{name}' fixes parameter '{key}': it cannot be set")));
@@ -343,7 +350,8 @@ pub fn check(
     }
     // Outputs asked for must exist.
     let mut wanted: Vec<Option<Option<bool>>> = vec![None; schema.outputs.len()];
-    match &request.outputs {
+    let mut shm = ShmUse { inputs: Vec::new(), outputs: vec![None; schema.outputs.len()] };
+    match request.outputs {
         None => wanted.iter_mut().for_each(|w| *w = Some(None)),
         Some(outputs) => {
             for out in outputs {
@@ -355,6 +363,7 @@ pub fn check(
                     )));
                 };
                 wanted[k] = Some(out.binary);
+                shm.outputs[k] = out.shm;
             }
         }
     }
@@ -367,6 +376,7 @@ pub fn check(
         let Some(input) = slot else {
             checked.push(None);
             metas.push(None);
+            shm.inputs.push(None);
             continue;
         };
         let dtype = accepted_dtype(model, spec, &input.name, &input.datatype)?;
@@ -379,7 +389,8 @@ pub fn check(
         let Some(bytes) = bytes.filter(|&b| b <= isize::MAX as usize) else {
             return Err(ServeError::invalid(format!("input '{}': shape {:?} overflows", input.name, input.shape)));
         };
-        if bytes > max_input_bytes {
+        // Shared memory is the client's: no request size limit applies, its region bounds it.
+        if bytes > max_input_bytes && !matches!(input.data, InputData::Shm(_)) {
             return Err(ServeError::new(
                 Code::TooLarge,
                 format!(
@@ -406,24 +417,41 @@ pub fn check(
                     numbers.len()
                 )));
             }
+            InputData::Shm(slice) if slice.size != bytes => {
+                return Err(ServeError::invalid(format!(
+                    "input '{}': shared_memory_byte_size {} does not match the input's {bytes} bytes",
+                    input.name, slice.size
+                )));
+            }
             _ => {}
         }
-        let bytes = match input.data {
-            InputData::Raw(raw) => raw,
-            InputData::Numbers(numbers) => Bytes::from(encode_numbers(&input.name, &numbers, dtype)?),
+        let (bytes, slice) = match input.data {
+            InputData::Raw(raw) => (raw, None),
+            InputData::Numbers(numbers) => (Bytes::from(encode_numbers(&input.name, &numbers, dtype)?), None),
+            InputData::Shm(slice) => (Bytes::new(), Some(slice)),
         };
+        shm.inputs.push(slice);
         metas.push(Some(Meta::new(dtype, &shape)));
         checked.push(Some(CheckedInput { dtype, shape, bytes }));
     }
     let plan = dispatch::plan(&model.entry, &metas, &attrs)?;
+    let shm = shm.check(&plan)?;
     if let Some(lease) = session {
         // Saturating: an output shape too large to count is simply over any quota.
         let bytes = |meta: &Meta| meta.shape.iter().fold(meta.dtype.size(), |n, &d| n.saturating_mul(d));
         let block = |meta: &Meta| lease.pool.parent().block_size(bytes(meta));
-        let need = metas.iter().flatten().chain(&plan.outputs).map(block).fold(0usize, usize::saturating_add);
+        // Tensors in shared memory are the client's memory, not the session's (an unaligned
+        // one's pooled copy is counted anyway, when allocated).
+        let none = ShmUse::default();
+        let used = shm.as_ref().unwrap_or(&none);
+        let placed = |slices: &[Option<ShmSlice>], k: usize| slices.get(k).is_some_and(Option::is_some);
+        let inputs =
+            metas.iter().enumerate().filter(|(k, _)| !placed(&used.inputs, *k)).filter_map(|(_, m)| m.as_ref());
+        let outputs = plan.outputs.iter().enumerate().filter(|(k, _)| !placed(&used.outputs, *k)).map(|(_, m)| m);
+        let need = inputs.chain(outputs).map(block).fold(0usize, usize::saturating_add);
         lease.check_need(need)?;
     }
-    Ok(Checked { attrs, inputs: checked, wanted, plan, started })
+    Ok(Checked { attrs, inputs: checked, wanted, plan, shm, started })
 }
 
 /// Writes a checked call's inputs into memory from `alloc`.
@@ -549,7 +577,8 @@ pub(crate) fn output(model: &ModelVersion, k: usize, tensor: Tensor, binary: Opt
         name: model.entry.schema().outputs[k].clone(),
         datatype: Datatype::of(data.tensor().dtype()),
         shape: data.tensor().shape().to_vec(),
-        data,
+        data: Some(data),
+        shm: None,
         binary,
     })
 }
@@ -572,6 +601,10 @@ pub(crate) fn run_alone(
     queue_ns: u64,
     inferences: u64,
 ) -> Result<Vec<Output>> {
+    let mut checked = checked;
+    if let Some(shm) = checked.shm.take() {
+        return crate::shm::run_alone(model, checked, shm, stream, session, queue_ns, inferences);
+    }
     let ctx = DeviceContext::get(model.device)?;
     let alloc = allocator(ctx, session);
     let inputs = load(&checked, alloc)?;

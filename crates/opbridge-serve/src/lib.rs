@@ -20,6 +20,7 @@ pub mod models;
 pub mod repository;
 pub mod server;
 pub mod sessions;
+pub mod shm;
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -118,6 +119,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
             }
         }
     }
+    let regions = if args.allow_shared_memory { shm::Regions::allowed()? } else { shm::Regions::default() };
     let server = Arc::new(
         Server::new(
             Arc::clone(&models),
@@ -131,7 +133,8 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
             max_sessions: args.max_sessions as usize,
             idle: Duration::from_secs(args.session_idle_secs),
             ..sessions::SessionLimits::default()
-        }),
+        })
+        .with_shared_memory(regions),
     );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

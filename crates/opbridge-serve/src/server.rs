@@ -75,6 +75,8 @@ pub struct Server {
     pub control_token: Option<Token>,
     pub mode: ControlMode,
     pub sessions: crate::sessions::Sessions,
+    /// Registered system shared-memory regions.
+    pub shm: crate::shm::Regions,
     ready: AtomicBool,
 }
 
@@ -112,8 +114,15 @@ impl Server {
             control_token,
             mode,
             sessions,
+            shm: crate::shm::Regions::default(),
             ready: AtomicBool::new(false),
         }
+    }
+
+    /// The same server with these shared-memory regions.
+    pub fn with_shared_memory(mut self, regions: crate::shm::Regions) -> Server {
+        self.shm = regions;
+        self
     }
 
     /// The same server with these session limits.
