@@ -176,11 +176,16 @@ fn to_request(message: ModelInferRequest, regions: &Regions, owner: &[u8]) -> Re
         request.params.push((key.clone(), value));
     }
     request.params.sort_by(|a, b| a.0.cmp(&b.0));
+    // Raw contents belong, in order, to the inputs not in shared memory (tritonclient sends none
+    // for the others).
+    let in_shm = |input: &model_infer_request::InferInputTensor| input.parameters.contains_key(TENSOR_PARAMS[0]);
+    let plain = message.inputs.iter().filter(|input| !in_shm(input)).count();
     let raw = message.raw_input_contents;
-    if !raw.is_empty() && raw.len() != message.inputs.len() {
+    if !raw.is_empty() && raw.len() != plain {
+        let others =
+            if plain < message.inputs.len() { " not in shared memory, which cannot also have data" } else { "" };
         return Err(ServeError::invalid(format!(
-            "expected {} raw_input_contents (one per input), got {}",
-            message.inputs.len(),
+            "expected {plain} raw_input_contents (one per input{others}), got {}",
             raw.len()
         )));
     }
@@ -188,23 +193,25 @@ fn to_request(message: ModelInferRequest, regions: &Regions, owner: &[u8]) -> Re
     for input in message.inputs {
         infer::check_tensor_params("input", &input.name, input.parameters.keys().map(String::as_str), &TENSOR_PARAMS)?;
         let shm = regions.tensor(owner, "input", &input.name, &tensor_params(&input.parameters)?)?;
-        let data = match (raw.next(), input.contents) {
-            (None, None) if shm.is_some() => InputData::Shm(shm.expect("matched")),
-            _ if shm.is_some() => {
+        let data = match shm {
+            Some(slice) if input.contents.as_ref().is_some_and(|c| *c != InferTensorContents::default()) => {
                 return Err(ServeError::invalid(format!(
-                    "input '{}' is in shared memory: it cannot also have contents or raw_input_contents",
-                    input.name
+                    "input '{}' is in shared memory ('{}'): it cannot also have contents",
+                    input.name, slice.region.name
                 )))
             }
-            (Some(_), Some(c)) if c != InferTensorContents::default() => {
-                return Err(ServeError::invalid(format!(
-                    "input '{}': contents and raw_input_contents cannot both be given",
-                    input.name
-                )))
-            }
-            (Some(bytes), _) => InputData::Raw(bytes),
-            (None, Some(contents)) => InputData::Numbers(typed_contents(&input.name, &input.datatype, contents)?),
-            (None, None) => return Err(ServeError::invalid(format!("input '{}' has no data", input.name))),
+            Some(slice) => InputData::Shm(slice),
+            None => match (raw.next(), input.contents) {
+                (Some(_), Some(c)) if c != InferTensorContents::default() => {
+                    return Err(ServeError::invalid(format!(
+                        "input '{}': contents and raw_input_contents cannot both be given",
+                        input.name
+                    )))
+                }
+                (Some(bytes), _) => InputData::Raw(bytes),
+                (None, Some(contents)) => InputData::Numbers(typed_contents(&input.name, &input.datatype, contents)?),
+                (None, None) => return Err(ServeError::invalid(format!("input '{}' has no data", input.name))),
+            },
         };
         request.inputs.push(InferInput { name: input.name, datatype: input.datatype, shape: input.shape, data });
     }

@@ -296,11 +296,7 @@ pub(crate) fn run_alone(
     }
     // A page truncated under the kernel read zeros or lost its writes: no result stands.
     if let Some(slice) = shm.slices().find(|s| s.region.mapping.damaged()) {
-        return Err(slice.region.truncated(ShmError::TooSmall {
-            key: slice.region.key.clone(),
-            file: 0,
-            need: slice.region.mapping.len(),
-        }));
+        return Err(slice.region.truncated(ShmError::Damaged { key: slice.region.key.clone() }));
     }
     let infer_ns = started.elapsed().as_nanos() as u64;
     let encoding = Instant::now();

@@ -25,6 +25,9 @@ pub enum ShmError {
     /// The file is shorter than the bytes the region covers (at registration, or truncated since).
     #[error("shared memory key '{key}' holds {file} bytes, fewer than the {need} bytes of the region")]
     TooSmall { key: String, file: u64, need: usize },
+    /// A page of the mapping vanished under a read or write: the file was truncated meanwhile.
+    #[error("shared memory key '{key}' was truncated while in use")]
+    Damaged { key: String },
     #[error("cannot map shared memory key '{key}': {message}")]
     Map { key: String, message: String },
     #[error("too many shared memory regions are mapped (at most {MAX_MAPPINGS})")]

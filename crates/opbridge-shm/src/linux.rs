@@ -104,8 +104,11 @@ impl Mapping {
 
     /// Before a use: the mapping is undamaged and its file still holds every mapped byte.
     pub fn check(&self) -> Result<(), ShmError> {
+        if self.damaged() {
+            return Err(ShmError::Damaged { key: self.key.clone() });
+        }
         let file = self.file.metadata().map(|m| m.len()).unwrap_or(0);
-        if self.damaged() || file < self.len as u64 {
+        if file < self.len as u64 {
             return Err(ShmError::TooSmall { key: self.key.clone(), file, need: self.len });
         }
         Ok(())
@@ -295,6 +298,7 @@ mod tests {
         mapping.read(2 * 4096, &mut back).expect("read");
         assert_eq!(back, [0; 16]);
         assert!(mapping.damaged());
+        assert!(matches!(mapping.check(), Err(ShmError::Damaged { .. })));
         mapping.write(4096 + 8, &[9; 4]).expect("a write past the end is lost, not fatal");
         // Below the end the file is still shared.
         mapping.write(0, &[5]).expect("write");
