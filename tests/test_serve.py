@@ -711,9 +711,10 @@ def test_unsupported_and_unknown_tensor_parameters(server: Served, grpc: tg.Infe
     x = {"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}
     cases = [
         ({"inputs": [x], "outputs": [{"name": "out", "parameters": {"classification": 2}}]}, 501, "classification"),
-        ({"inputs": [{**x, "parameters": {"shared_memory_region": "r"}}]}, 501, "shared memory"),
-        ({"inputs": [x], "outputs": [{"name": "out", "parameters": {"shared_memory_region": "r"}}]}, 501, "shared"),
-        ({"inputs": [x], "parameters": {"shared_memory_region": "r"}}, 501, "shared memory"),
+        # Shared memory is off unless --allow-shared-memory (tests/test_serve_shm.py).
+        ({"inputs": [{**x, "parameters": {"shared_memory_region": "r"}}]}, 400, "--allow-shared-memory"),
+        ({"inputs": [x], "outputs": [{"name": "out", "parameters": {"shared_memory_region": "r"}}]}, 400, "--allow"),
+        ({"inputs": [x], "parameters": {"shared_memory_region": "r"}}, 400, "belongs to an input or output"),
         ({"inputs": [{**x, "parameters": {"colour": "red"}}]}, 400, "'colour'"),
         ({"inputs": [x], "outputs": [{"name": "out", "parameters": {"flavour": 1}}]}, 400, "'flavour'"),
     ]

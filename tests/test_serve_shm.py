@@ -37,24 +37,27 @@ def served() -> Iterator[Served]:
         assert stop_server(server) == 0
 
 
+@contextmanager
+def client(module, address: str) -> Iterator:  # type: ignore[no-untyped-def]
+    """A tritonclient of `module`; the regions it registered without a session go with it."""
+    connection = module.InferenceServerClient(address)
+    try:
+        yield connection
+    finally:
+        connection.unregister_system_shared_memory()
+        connection.close()
+
+
 @pytest.fixture()
 def http(served: Served) -> Iterator[th.InferenceServerClient]:
-    client = th.InferenceServerClient(served.http)
-    try:
-        yield client
-    finally:
-        client.unregister_system_shared_memory()
-        client.close()
+    with client(th, served.http) as connection:
+        yield connection
 
 
 @pytest.fixture()
 def grpc(served: Served) -> Iterator[tg.InferenceServerClient]:
-    client = tg.InferenceServerClient(served.grpc)
-    try:
-        yield client
-    finally:
-        client.unregister_system_shared_memory()
-        client.close()
+    with client(tg, served.grpc) as connection:
+        yield connection
 
 
 @contextmanager
@@ -249,12 +252,20 @@ def test_another_sessions_region_does_not_exist(served: Served) -> None:
             http.unregister_system_shared_memory(headers=bob)
 
 
+def mapped(served: Served) -> str:
+    with open(f"/proc/{served.process.pid}/maps") as maps:
+        return maps.read()
+
+
 def test_unregister_during_a_request_is_deferred(http: th.InferenceServerClient, served: Served) -> None:
-    big = RNG.random((1024, 1024), dtype=np.float32)
+    # Large enough that the request is still running when the regions are unregistered (a few
+    # tenths of a second); the test holds either way.
+    big = RNG.random((2048, 2048), dtype=np.float32)
     size = big.nbytes
     with region("long", 2 * size, big, big), region("long_out", size) as output:
         http.register_system_shared_memory("long", key("long"), 2 * size)
         http.register_system_shared_memory("long_out", key("long_out"), size)
+        assert key("long") in mapped(served)
         inputs = []
         for name, offset in (("a", 0), ("b", size)):
             i = th.InferInput(name, list(big.shape), "FP32")
@@ -274,6 +285,8 @@ def test_unregister_during_a_request_is_deferred(http: th.InferenceServerClient,
         http.unregister_system_shared_memory("long_out")
         worker.join(timeout=30)
         assert "r" in result
+        # The last request using the regions has finished: they are unmapped.
+        assert key("long") not in mapped(served)
         np.testing.assert_allclose(shm.get_contents_as_numpy(output, np.float32, list(big.shape)), big @ big, rtol=1e-4)
         http.register_system_shared_memory("long", key("long"), size)  # the name is free
 

@@ -96,12 +96,15 @@ impl ShmSlice {
     }
 }
 
+/// Regions by owner (the `opbridge-session` value, empty without) and name.
+type Table = BTreeMap<(Vec<u8>, String), Arc<Region>>;
+
 /// The regions of every caller, by owner (the `opbridge-session` value, empty without) and name.
 /// The default: shared memory disabled.
 #[derive(Debug, Default)]
 pub struct Regions {
     enabled: bool,
-    table: Mutex<BTreeMap<(Vec<u8>, String), Arc<Region>>>,
+    table: Mutex<Table>,
 }
 
 impl Regions {
@@ -111,7 +114,7 @@ impl Regions {
         Ok(Regions { enabled: true, table: Mutex::default() })
     }
 
-    fn table(&self) -> Result<std::sync::MutexGuard<'_, BTreeMap<(Vec<u8>, String), Arc<Region>>>> {
+    fn table(&self) -> Result<std::sync::MutexGuard<'_, Table>> {
         if !self.enabled {
             return Err(ServeError::invalid(
                 "system shared memory is disabled; start the server with --allow-shared-memory",
@@ -188,6 +191,7 @@ impl Regions {
         if TENSOR_PARAMS.iter().all(|key| get(key).is_none()) {
             return Ok(None);
         }
+        let table = self.table()?;
         let tensor = truncate(tensor, 64);
         let bad = |message: String| ServeError::invalid(format!("{what} '{tensor}': {message}"));
         let number = |key: &str, default: Option<u64>| match get(key) {
@@ -203,10 +207,10 @@ impl Regions {
         };
         let offset = number("shared_memory_offset", Some(0))?;
         let size = number("shared_memory_byte_size", None)?;
-        let region =
-            self.table()?.get(&(owner.to_vec(), name.clone())).cloned().ok_or_else(|| {
-                bad(format!("unknown shared memory region '{}' (register it first)", truncate(name, 64)))
-            })?;
+        let region = table
+            .get(&(owner.to_vec(), name.clone()))
+            .cloned()
+            .ok_or_else(|| bad(format!("unknown shared memory region '{}' (register it first)", truncate(name, 64))))?;
         let within = offset.checked_add(size).is_some_and(|end| end <= region.byte_size as u64);
         if !within {
             return Err(bad(format!(
