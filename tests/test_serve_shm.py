@@ -300,3 +300,39 @@ def test_a_truncated_file_is_an_error_and_the_server_goes_on(http: th.InferenceS
         http.unregister_system_shared_memory("cut")
     result = http.infer("add", http_inputs({"a": A, "b": B}))
     np.testing.assert_array_equal(result.as_numpy("out"), A + B)
+
+
+def test_truncated_during_a_request_is_an_error_not_a_crash(http: th.InferenceServerClient, served: Served) -> None:
+    # The file is cut while a large matmul reads it (the cut lands before, during or, on a very
+    # fast machine, after the call): the answer is the truncation error or the right result,
+    # and the server lives on (the SIGBUS guard; its fault path is unit-tested in opbridge-shm).
+    big = RNG.random((2048, 2048), dtype=np.float32)
+    size = big.nbytes
+    with region("cut_late", 2 * size, big, big):
+        http.register_system_shared_memory("cut_late", key("cut_late"), 2 * size)
+        inputs = []
+        for name, offset in (("a", 0), ("b", size)):
+            i = th.InferInput(name, list(big.shape), "FP32")
+            i.set_shared_memory("cut_late", size, offset=offset)
+            inputs.append(i)
+        outcome: dict[str, object] = {}
+
+        def run() -> None:
+            with th.InferenceServerClient(served.http) as connection:
+                try:
+                    outcome["result"] = connection.infer("matmul", inputs).as_numpy("out")
+                except InferenceServerException as error:
+                    outcome["error"] = str(error)
+
+        worker = threading.Thread(target=run)
+        worker.start()
+        time.sleep(0.05)
+        os.truncate(f"/dev/shm{key('cut_late')}", 0)
+        worker.join(timeout=30)
+        if "error" in outcome:
+            assert "truncated" in str(outcome["error"])
+        else:
+            np.testing.assert_allclose(outcome["result"], big @ big, rtol=1e-4)
+        refused(lambda: http.infer("matmul", inputs), "truncated by its owner")
+    assert served.process.poll() is None
+    np.testing.assert_array_equal(http.infer("add", http_inputs({"a": A, "b": B})).as_numpy("out"), A + B)
