@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -300,3 +301,27 @@ def test_session_quotas_hold_inside_batches(tmp_path):
             assert answer.tobytes() == ob.ops.softmax(small, axis=-1).tobytes()
     finally:
         stop_server(served)
+
+
+def test_shutdown_answers_a_waiting_batch_without_sitting_out_the_delay(tmp_path):
+    served = start_server("--repository", str(batching_repo(tmp_path, delay_us=60_000_000)), "--no-builtins")
+    a = np.arange(4, dtype=np.float32).reshape(1, 4)
+    answers: list[object] = []
+
+    def send(_: int) -> None:
+        answers.append(infer(served, "http", "add_b", {"a": a, "b": a}))
+
+    thread = threading.Thread(target=send, args=(0,))
+    thread.start()
+    try:
+        # The request waits in its batch (for up to a minute) ...
+        time.sleep(1.5)
+        assert answers == [] and thread.is_alive()
+        # ... and SIGTERM answers it at once, then exits.
+        started = time.monotonic()
+        assert stop_server(served) == 0
+        assert time.monotonic() - started < 10
+    finally:
+        thread.join(timeout=30)
+    assert len(answers) == 1 and isinstance(answers[0], np.ndarray)
+    assert answers[0].tobytes() == (a + a).tobytes()

@@ -36,6 +36,8 @@ struct State<T> {
     capacity: usize,
     /// No more items: workers finish the queued ones and exit.
     closed: bool,
+    /// The server is shutting down: batches stop waiting for company.
+    hurry: bool,
     /// How many items the waiting worker wants before it is woken (0: nobody waits). A worker
     /// waiting for its first item wants 1; a batching worker gathering a batch wants as many as
     /// would fill it, and is not woken by each arrival before that: one wake-up per batch, not
@@ -83,7 +85,7 @@ impl<T> Taken<'_, T> {
     /// closed), waiting until then: empty when the deadline passed with nothing queued.
     pub fn when(&self, count: usize, deadline: Instant) -> Vec<Queued<T>> {
         let mut state = self.jobs.lock();
-        while state.items.len() < count.max(1) && !state.closed {
+        while state.items.len() < count.max(1) && !state.closed && !state.hurry {
             let Some(wait) = deadline.checked_duration_since(Instant::now()).filter(|d| !d.is_zero()) else { break };
             state.wake_at = count.max(1);
             state = self.jobs.changed.wait_timeout(state, wait).unwrap_or_else(|p| p.into_inner()).0;
@@ -115,7 +117,7 @@ impl<T: Send + 'static> Executor<T> {
         capacity: usize,
         work: Work<T>,
     ) -> Result<Executor<T>> {
-        let state = State { items: VecDeque::new(), capacity: capacity.max(1), closed: false, wake_at: 0 };
+        let state = State { items: VecDeque::new(), capacity: capacity.max(1), closed: false, hurry: false, wake_at: 0 };
         let jobs = Arc::new(Jobs { gate: Mutex::new(()), state: Mutex::new(state), changed: Condvar::new() });
         let mut handles = Vec::new();
         for i in 0..workers.max(1) {
@@ -168,6 +170,13 @@ impl<T: Send + 'static> Executor<T> {
 }
 
 impl<T> Executor<T> {
+    /// From now on a batch waits for no more requests than are queued: a shutdown's requests
+    /// in flight are answered without sitting out `max_queue_delay_us`.
+    pub fn hurry(&self) {
+        self.jobs.lock().hurry = true;
+        self.jobs.changed.notify_all();
+    }
+
     fn close(&self) {
         self.jobs.lock().closed = true;
         self.jobs.changed.notify_all();

@@ -194,6 +194,9 @@ async fn serve(args: ServeArgs, server: Arc<Server>) -> Result<(), String> {
     wait_for_signal(signals).await;
     tracing::info!("shutting down: no new connections; requests in flight finish");
     server.set_ready(false);
+    for version in server.models.loaded() {
+        version.executor.hurry();
+    }
     let _ = stop_tx.send(true);
     let grace = Duration::from_secs(args.exit_timeout_secs);
     let all = async {
