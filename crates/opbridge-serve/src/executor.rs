@@ -117,7 +117,8 @@ impl<T: Send + 'static> Executor<T> {
         capacity: usize,
         work: Work<T>,
     ) -> Result<Executor<T>> {
-        let state = State { items: VecDeque::new(), capacity: capacity.max(1), closed: false, hurry: false, wake_at: 0 };
+        let state =
+            State { items: VecDeque::new(), capacity: capacity.max(1), closed: false, hurry: false, wake_at: 0 };
         let jobs = Arc::new(Jobs { gate: Mutex::new(()), state: Mutex::new(state), changed: Condvar::new() });
         let mut handles = Vec::new();
         for i in 0..workers.max(1) {
