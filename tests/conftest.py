@@ -8,6 +8,7 @@ the Rust tests do with `opbridge_runtime::test_device!`.
 from __future__ import annotations
 
 import gc
+import os
 import shutil
 import subprocess
 from collections.abc import Callable, Iterator
@@ -24,6 +25,26 @@ FLOAT_DTYPES = [np.float16, np.float32, np.float64]
 
 # Devices whose backends exist or will: probed once; an unavailable one is left out, not failed.
 _CANDIDATE_DEVICES = ("cpu:0", "ascend:0", "cuda:0")
+
+
+def _ascend_double() -> Path | None:
+    """Builds the strict ACL test double (cached) and chooses it for this run, so `ascend:0`
+    joins the devices (never a silent fallback: explicitly named by OPBRIDGE_ASCEND_LIB_DIR).
+    A machine with a real NPU (OPBRIDGE_TEST_REAL_ASCEND=1) keeps its own driver."""
+    if os.environ.get("OPBRIDGE_TEST_REAL_ASCEND") == "1":
+        return None
+    try:
+        from opbridge.testing import ascend_double
+
+        lib_dir = ascend_double.lib_dir()
+    except Exception as e:  # noqa: BLE001 (reported, and the Ascend tests are then skipped)
+        print(f"conftest: the Ascend test double could not be built: {e}")
+        return None
+    os.environ["OPBRIDGE_ASCEND_LIB_DIR"] = str(lib_dir)
+    return lib_dir
+
+
+ASCEND_LIB_DIR = _ascend_double()
 
 
 def available_devices() -> list[str]:

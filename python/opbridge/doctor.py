@@ -364,13 +364,52 @@ def _cpu_device_smoke() -> Check:
     )
 
 
-def _accelerators() -> Check:
-    return Check(
-        "device",
-        "accelerators",
-        "skipped",
-        "this build has no accelerator backend (Ascend and CUDA come behind the same interface)",
-    )
+def _accelerators() -> list[Check]:
+    """One check per accelerator device the backends report: a copy round trip through the
+    device and its pool for each available one; the reason (every library path tried) for a
+    backend that cannot serve."""
+    import numpy as np
+
+    import opbridge as ob
+
+    checks = []
+    for report in ob.devices():
+        name = report["name"]
+        if report["kind"] == "cpu":
+            continue
+        if not report["available"]:
+            checks.append(
+                Check(
+                    "device",
+                    name,
+                    "skipped",
+                    f"not available: {report.get('reason', 'unknown reason')}",
+                    "install CANN (or set OPBRIDGE_ASCEND_LIB_DIR / ASCEND_HOME_PATH) where an NPU is present",
+                    dict(report),
+                )
+            )
+            continue
+        a = np.arange(4096, dtype=np.float32)
+        try:
+            before = ob.get_memory_pool_stats(name)["allocated_bytes.current"]
+            stream = ob.Stream(name)
+            with stream:
+                back = ob.asarray(a, device=name).numpy()  # H2D through pinned memory, then D2H
+            stream.synchronize()
+            after = ob.get_memory_pool_stats(name)["allocated_bytes.current"]
+        except ob.OpBridgeError as e:
+            checks.append(Check("device", name, "fail", f"copy round trip failed: {e}", "see the driver's log", dict(report)))
+            continue
+        details = {**report, "allocated_before": before, "allocated_after": after}
+        if not np.array_equal(back, a) or after != before:
+            found = "wrong bytes came back" if not np.array_equal(back, a) else "the pool did not return to its baseline"
+            checks.append(Check("device", name, "fail", found, "report this bug", details))
+            continue
+        what = report.get("soc", "device")
+        checks.append(Check("device", name, "ok", f"{what}: copy in, copy out, pool back to baseline", details=details))
+    if not checks:
+        checks.append(Check("device", "accelerators", "skipped", "no accelerator backend reports a device"))
+    return checks
 
 
 # --- the JIT ------------------------------------------------------------------------------------

@@ -301,7 +301,7 @@ pub fn launch(
             message: format!("outputs would come from {}, but the call runs on {device}", alloc.device()),
         });
     }
-    let devices = entry.op.devices();
+    let devices = entry.devices();
     if !devices.contains(&device.kind) {
         let names: Vec<&str> = devices.iter().map(|d| d.name()).collect();
         return Err(OpError::Device {
@@ -317,6 +317,9 @@ pub fn launch(
     }
     let metas: Vec<Option<Meta>> = inputs.iter().map(|t| t.as_ref().map(|t| Meta::new(t.dtype(), t.shape()))).collect();
     let plan = plan(entry, &metas, attrs)?;
+    if let Some(kernel) = entry.device_kernel(device.kind) {
+        return crate::device::launch(entry, kernel, &plan, attrs, inputs, out, stream, alloc);
+    }
     let mut converted: Vec<Option<Arc<Tensor>>> = Vec::with_capacity(inputs.len());
     for (t, dtype) in inputs.iter().zip(&plan.inputs) {
         converted.push(match (t, dtype) {

@@ -5,6 +5,7 @@
 
 pub mod builtins;
 pub mod cpu;
+pub mod device;
 pub mod dispatch;
 pub mod error;
 mod memo;

@@ -244,6 +244,26 @@ impl fmt::Debug for Entry {
 }
 
 impl Entry {
+    /// Devices this operator runs on: its own kernels, plus the accelerator kernels backends
+    /// registered for it (built-ins only: a library's operator of the same name is not theirs).
+    pub fn devices(&self) -> Vec<DeviceKind> {
+        let mut devices = self.op.devices();
+        if matches!(self.source, Source::Builtin) {
+            devices.extend(crate::device::kinds(&self.op.schema().name));
+        }
+        devices.sort();
+        devices.dedup();
+        devices
+    }
+
+    /// The kernel a backend registered for this built-in on `kind`.
+    pub fn device_kernel(&self, kind: DeviceKind) -> Option<&'static dyn crate::device::DeviceKernel> {
+        match self.source {
+            Source::Builtin => crate::device::find(kind, &self.op.schema().name),
+            Source::Library(_) => None,
+        }
+    }
+
     fn new(op: Arc<dyn Operator>, source: Source) -> Entry {
         Entry {
             op,
@@ -476,7 +496,7 @@ impl Registry {
                 name: name.clone(),
                 versions: versions
                     .iter()
-                    .map(|(&v, e)| (v, e.source.clone(), e.schema().dtypes.clone(), e.op.devices()))
+                    .map(|(&v, e)| (v, e.source.clone(), e.schema().dtypes.clone(), e.devices()))
                     .collect(),
             })
             .collect()

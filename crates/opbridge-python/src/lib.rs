@@ -2,6 +2,7 @@
 //! work lives in `opbridge-runtime` and `opbridge-ops`.
 
 mod convert;
+mod devices;
 mod errors;
 mod ffi;
 mod host;
@@ -20,6 +21,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // Before any thread starts: a child forked from here replaces the stream workers and the
     // compute pool it needs instead of waiting for the parent's (opbridge_runtime::fork).
     opbridge_runtime::fork::register();
+    // `ascend:N` devices, opened on first use (the ACL library is looked for then, not here).
+    opbridge_ascend::register();
     errors::register(m)?;
     m.add_class::<tensor::PyTensor>()?;
     m.add_class::<stream::PyStream>()?;
@@ -33,6 +36,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(plugin::load_library, m)?)?;
     m.add_function(wrap_pyfunction!(registry::vector_add, m)?)?;
     m.add_function(wrap_pyfunction!(registry::matmul, m)?)?;
+    m.add_function(wrap_pyfunction!(devices::devices, m)?)?;
+    m.add_function(wrap_pyfunction!(devices::shutdown_devices, m)?)?;
     m.add_function(wrap_pyfunction!(tensor::asarray, m)?)?;
     m.add_function(wrap_pyfunction!(tensor::empty, m)?)?;
     m.add_function(wrap_pyfunction!(tensor::zeros, m)?)?;

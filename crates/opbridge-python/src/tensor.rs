@@ -130,16 +130,16 @@ impl PyTensor {
     }
 
     /// A numpy array sharing this tensor's memory (CPU device), after waiting for the work that
-    /// produces it. The array keeps the tensor alive.
+    /// produces it; the array keeps the tensor alive. On a device whose memory the host cannot
+    /// read (an accelerator), a new array filled by a device-to-host copy, which reports a
+    /// failure of the work that produced the tensor.
     fn numpy<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyUntypedArray>> {
         let py = slf.py();
         let this = slf.get();
         let inner = Arc::clone(&this.inner);
-        if inner.device().kind != opbridge_runtime::DeviceKind::Cpu {
-            return Err(device_error(format!(
-                "numpy(): the tensor is on {}; copy it with .to('cpu') first",
-                inner.device()
-            )));
+        let ctx = DeviceContext::get(inner.device()).map_err(to_pyerr)?;
+        if !ctx.device().host_accessible() {
+            return download(py, &inner, ctx);
         }
         py.detach(|| inner.wait_ready()).map_err(to_pyerr)?;
         np_ffi::tensor_array(slf)
@@ -238,8 +238,10 @@ impl PyTensor {
         if target == slf.get().inner.device() {
             return Ok(slf.clone());
         }
-        DeviceContext::get(target).map_err(to_pyerr)?;
-        Err(device_error(format!("no copy path from {} to {target}", slf.get().inner.device())))
+        let ctx = DeviceContext::get(target).map_err(to_pyerr)?;
+        let inner = Arc::clone(&slf.get().inner);
+        let copy = slf.py().detach(|| inner.to_device(ctx)).map_err(to_pyerr)?;
+        Bound::new(slf.py(), PyTensor::new(Arc::new(copy)))
     }
 
     fn __await__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
@@ -363,8 +365,15 @@ pub fn asarray<'py>(
     let tensor = py.detach(|| Tensor::empty(ctx, &shape, dtype, stream.id())).map_err(to_pyerr)?;
     let layout = host.layout();
     let ready = host.dtype == dtype && layout.is_c_contiguous() && layout.is_aligned() && host.is_native();
-    if ready || !ctx.device().host_accessible() {
-        // Memory the host cannot write is filled from one normalized host copy.
+    if !ctx.device().host_accessible() {
+        // Memory the host cannot write is filled from one normalized host copy, staged through
+        // pinned memory; waited for, so the array may change as soon as asarray returns.
+        let host = host.normalized(dtype)?;
+        let bytes = np_ffi::contiguous_bytes(&host.array)?;
+        py.detach(|| tensor.upload(&stream, bytes)).map_err(to_pyerr)?;
+        return Bound::new(py, PyTensor::new(Arc::new(tensor)));
+    }
+    if ready {
         let host = host.normalized(dtype)?;
         let (src, dst, bytes) = (DevicePtr(host.layout().data), tensor.data_ptr(), tensor.nbytes());
         // A host-to-device copy on the current stream (after any earlier work that used this
@@ -487,4 +496,21 @@ pub fn from_dlpack<'py>(py: Python<'py>, obj: &Bound<'py, PyAny>) -> PyResult<Bo
     };
     let (tensor, read_only) = dlpack::import(&capsule)?;
     Bound::new(py, PyTensor { inner: Arc::new(tensor), read_only })
+}
+
+/// A new numpy array with the contents of `tensor` (on a device whose memory the host cannot
+/// read): contiguous tensors are copied straight into the array's memory.
+fn download<'py>(
+    py: Python<'py>,
+    tensor: &Arc<Tensor>,
+    ctx: &'static Arc<DeviceContext>,
+) -> PyResult<Bound<'py, PyUntypedArray>> {
+    if !tensor.is_contiguous() {
+        return Err(device_error(format!(
+            "numpy(): the tensor on {} is not contiguous; make it contiguous on the device first",
+            tensor.device()
+        )));
+    }
+    let stream = ctx.current_stream().map_err(to_pyerr)?;
+    np_ffi::filled_array(py, tensor, |out| tensor.download(&stream, out))
 }

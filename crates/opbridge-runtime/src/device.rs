@@ -55,8 +55,9 @@ pub trait Device: Send + Sync + fmt::Debug + 'static {
 
 /// One stream of a device. All methods enqueue and return at once, except `synchronize`.
 pub trait StreamBackend: Send + Sync + fmt::Debug {
-    /// Enqueues a kernel. The CPU device runs it on the stream's worker; accelerator backends
-    /// wrap their vendor launch in the closure and call it in stream order.
+    /// Enqueues a host kernel (a closure over host addresses). The CPU device runs it on the
+    /// stream's worker; a device whose memory the host cannot touch refuses it (its kernels
+    /// enqueue on [`StreamBackend::native_handle`] from the submitting thread instead).
     fn launch(&self, kernel: HostFn) -> Result<()>;
 
     /// Enqueues a host callback, run once all earlier work on the stream is done.
@@ -64,6 +65,15 @@ pub trait StreamBackend: Send + Sync + fmt::Debug {
 
     /// Enqueues a copy of `bytes` from `src` to `dst`.
     fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize, kind: CopyKind) -> Result<()>;
+
+    /// Enqueues a fill of `bytes` bytes from `dst` with `value`.
+    fn memset(&self, dst: DevicePtr, value: u8, bytes: usize) -> Result<()>;
+
+    /// The vendor's handle of this stream (`aclrtStream`, `CUstream`), for kernels that enqueue
+    /// on it themselves; null on the CPU. Borrowed: the stream owns it, never destroy it.
+    fn native_handle(&self) -> *mut std::ffi::c_void {
+        std::ptr::null_mut()
+    }
 
     /// Enqueues the completion of `event`.
     fn record(&self, event: &Arc<dyn EventBackend>) -> Result<()>;

@@ -1,6 +1,7 @@
 //! opbridge's device runtime: devices, streams, events, the caching memory pool and tensors.
 //! It knows nothing of operators, Python or async runtimes (see DESIGN.md, "Layers").
 
+pub mod backend;
 pub mod cpu;
 pub mod device;
 pub mod dtype;
@@ -12,6 +13,7 @@ pub mod pipeline;
 pub mod profiler;
 pub mod stream;
 pub mod tensor;
+pub mod transfer;
 
 use std::sync::{Arc, OnceLock};
 
@@ -58,8 +60,8 @@ impl DeviceContext {
         DeviceContext { device, streams, pool, pinned, pipeline: std::sync::Mutex::new(None) }
     }
 
-    /// The context of a device. `cpu:0` always exists; accelerator backends register here when
-    /// they are built and their driver loads.
+    /// The context of a device. `cpu:0` always exists; accelerators are opened through the
+    /// backend registered for their kind (see [`backend`]).
     pub fn get(id: DeviceId) -> Result<&'static Arc<DeviceContext>> {
         static CPU: OnceLock<Arc<DeviceContext>> = OnceLock::new();
         if id == DeviceId::CPU {
@@ -68,7 +70,18 @@ impl DeviceContext {
                 Arc::new(DeviceContext::new(Arc::new(cpu::CpuDevice)))
             }));
         }
-        Err(Error::Unavailable { device: id, reason: "this build has only the cpu:0 device".into() })
+        // Accelerators: opened through their backend on first use, then kept for the process
+        // (as `cpu:0`). A device that fails to open is tried again on the next call: a driver
+        // library that appears later (a test that points the loader at it) is then found.
+        static OPENED: std::sync::Mutex<Vec<&'static Arc<DeviceContext>>> = std::sync::Mutex::new(Vec::new());
+        let mut opened = OPENED.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(ctx) = opened.iter().find(|ctx| ctx.id() == id) {
+            return Ok(ctx);
+        }
+        let device = backend::open(id)?;
+        let ctx: &'static Arc<DeviceContext> = Box::leak(Box::new(Arc::new(DeviceContext::new(device))));
+        opened.push(ctx);
+        Ok(ctx)
     }
 
     /// The embedded default device.
@@ -108,6 +121,19 @@ impl DeviceContext {
         let made = [Stream::new(self)?, Stream::new(self)?, Stream::new(self)?];
         *pipeline = Some(made.clone());
         Ok(made)
+    }
+
+    /// Before the process ends (or a backend finalizes its driver): waits for the device's
+    /// work, drops the streams the runtime itself holds (the pipeline's and the calling
+    /// thread's current one) and returns all cached memory to the driver. What stays allocated
+    /// after this is held by live tensors, which a driver's leak report then shows.
+    pub fn release(&self) -> Result<()> {
+        self.pipeline.lock().unwrap_or_else(|p| p.into_inner()).take();
+        stream::replace_current_stream(self.id(), None);
+        let drained = self.drain();
+        self.pool.empty_cache()?;
+        self.pinned.empty_cache()?;
+        drained
     }
 
     /// Waits for all work on all streams of this device.

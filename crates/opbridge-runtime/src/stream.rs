@@ -144,6 +144,16 @@ impl Stream {
         copied
     }
 
+    /// Enqueues a fill of `bytes` bytes from `dst` with `value`.
+    pub fn memset(&self, dst: DevicePtr, value: u8, bytes: usize) -> Result<()> {
+        self.0.backend.memset(dst, value, bytes)
+    }
+
+    /// The vendor's handle of this stream (null on the CPU); see [`StreamBackend::native_handle`].
+    pub fn native_handle(&self) -> *mut std::ffi::c_void {
+        self.0.backend.native_handle()
+    }
+
     /// Records a fresh event at the current end of this stream.
     pub fn record_new_event(&self) -> Result<Event> {
         let event = Event::from_device(self.0.device.as_ref())?;

@@ -201,6 +201,51 @@ impl Tensor {
     /// [`Tensor::launch`], returning the event that completes once `kernel` has run (what
     /// whoever must wait for that kernel, e.g. an unload, waits on).
     pub fn launch_event(stream: &Stream, reads: &[&Tensor], writes: &[&Tensor], kernel: HostFn) -> Result<Event> {
+        Tensor::order_after_access(stream, reads, writes)?;
+        // Borrowed memory (a numpy array) must outlive the kernel even if every tensor over it
+        // is dropped first: the kernel holds its storage until it has run. Pool blocks need no
+        // such hold: the pool's stream-ordered reuse covers them.
+        let borrowed = Tensor::borrowed_storage(reads, writes);
+        let failure: Arc<Mutex<Option<AsyncError>>> = Arc::default();
+        let failed = Arc::clone(&failure);
+        stream.launch(Box::new(move || {
+            let outcome = kernel();
+            drop(borrowed);
+            if let Err(error) = &outcome {
+                *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(error.clone());
+            }
+            outcome
+        }))?;
+        Tensor::record_access(stream, reads, writes, Some(failure))
+    }
+
+    /// Device work (a copy, a memset, a vendor kernel) that `enqueue` puts on `stream`, ordered
+    /// like [`Tensor::launch`]: after earlier work on these tensors on other streams, and before
+    /// later work on them. Its failures are the stream's (reported by the driver at the next
+    /// synchronize), not a host closure's.
+    pub fn enqueue_event(
+        stream: &Stream,
+        reads: &[&Tensor],
+        writes: &[&Tensor],
+        enqueue: impl FnOnce(&Stream) -> Result<()>,
+    ) -> Result<Event> {
+        Tensor::order_after_access(stream, reads, writes)?;
+        enqueue(stream)?;
+        let borrowed = Tensor::borrowed_storage(reads, writes);
+        if !borrowed.is_empty() {
+            // Held until the device work before this point has run.
+            stream.launch_host_func(Box::new(move || {
+                drop(borrowed);
+                Ok(())
+            }))?;
+        }
+        Tensor::record_access(stream, reads, writes, None)
+    }
+
+    /// Makes `stream` wait for the unfinished accesses of other streams that the new work
+    /// conflicts with (reads wait for writes; writes wait for reads and writes), and tells the
+    /// pool which blocks the stream uses, so freeing them is safe without `record_stream`.
+    fn order_after_access(stream: &Stream, reads: &[&Tensor], writes: &[&Tensor]) -> Result<()> {
         let mut waits: Vec<Event> = Vec::new();
         let mut wait_for = |owner: StreamId, event: &Event| {
             if owner != stream.id() && !event.query() {
@@ -226,25 +271,26 @@ impl Tensor {
                 buffer.record_use(stream);
             }
         }
-        // Borrowed memory (a numpy array) must outlive the kernel even if every tensor over it
-        // is dropped first: the kernel holds its storage until it has run. Pool blocks need no
-        // such hold: the pool's stream-ordered reuse covers them.
-        let borrowed: Vec<Arc<Storage>> = reads
+        Ok(())
+    }
+
+    /// The storages of `reads` and `writes` that are borrowed memory, not pool blocks.
+    fn borrowed_storage(reads: &[&Tensor], writes: &[&Tensor]) -> Vec<Arc<Storage>> {
+        reads
             .iter()
             .chain(writes)
             .filter(|t| matches!(t.storage.as_ref(), Storage::External { .. }))
             .map(|t| Arc::clone(&t.storage))
-            .collect();
-        let failure: Arc<Mutex<Option<AsyncError>>> = Arc::default();
-        let failed = Arc::clone(&failure);
-        stream.launch(Box::new(move || {
-            let outcome = kernel();
-            drop(borrowed);
-            if let Err(error) = &outcome {
-                *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(error.clone());
-            }
-            outcome
-        }))?;
+            .collect()
+    }
+
+    /// Records the point after the new work as the tensors' last read or write.
+    fn record_access(
+        stream: &Stream,
+        reads: &[&Tensor],
+        writes: &[&Tensor],
+        failure: Option<Arc<Mutex<Option<AsyncError>>>>,
+    ) -> Result<Event> {
         let done = stream.record_new_event()?;
         for tensor in reads {
             let mut access = tensor.lock_access();
@@ -255,14 +301,14 @@ impl Tensor {
             let mut access = tensor.lock_access();
             access.reads.retain(|(_, e)| !e.query());
             access.write = Some((stream.id(), done.clone()));
-            access.failure = Some(Arc::clone(&failure));
+            access.failure = failure.clone();
         }
         Ok(done)
     }
 
     /// Enqueues on `stream` a fill of this tensor with zero bytes (zero in every dtype), ordered
     /// like a kernel writing it. For contiguous tensors in host-accessible memory (the CPU
-    /// device; accelerators will need a device memset).
+    /// device; a device memset elsewhere).
     pub fn fill_zeros(&self, stream: &Stream) -> Result<()> {
         if !self.is_contiguous() {
             return Err(Error::Layout(format!(
@@ -271,10 +317,8 @@ impl Tensor {
             )));
         }
         if !DeviceContext::get(self.device)?.device().host_accessible() {
-            return Err(Error::Device {
-                device: self.device,
-                message: "fill_zeros: this device's memory is not host-accessible".into(),
-            });
+            let (ptr, bytes) = (self.data_ptr(), self.nbytes());
+            return Tensor::enqueue_event(stream, &[], &[self], |stream| stream.memset(ptr, 0, bytes)).map(drop);
         }
         crate::memory::host_zero_fill(stream, self)
     }

@@ -283,3 +283,42 @@ fn new_array<'py>(
         Ok(array.cast_into_unchecked())
     }
 }
+
+/// The bytes of a C-contiguous, aligned array of native byte order (what
+/// `HostArray::normalized` returns), borrowed for as long as `array` is.
+pub fn contiguous_bytes<'a>(array: &'a Bound<'_, PyUntypedArray>) -> PyResult<&'a [u8]> {
+    let layout = layout(array);
+    if !layout.is_c_contiguous() {
+        return Err(crate::errors::argument_error("expected a C-contiguous array".into()));
+    }
+    let len = array.len() * array.dtype().itemsize();
+    if len == 0 {
+        return Ok(&[]);
+    }
+    // SAFETY: a live C-contiguous ndarray holds `len` bytes from `data`; `array` keeps it alive
+    // for the borrow. numpy may let other code write it meanwhile (it is the caller's array), as
+    // a host-to-device copy from a numpy array always allows.
+    Ok(unsafe { std::slice::from_raw_parts(layout.data as *const u8, len) })
+}
+
+/// A new array filled with the bytes of contiguous `tensor` by `fill` (a device-to-host copy),
+/// run with the GIL released.
+pub fn filled_array<'py>(
+    py: Python<'py>,
+    tensor: &Tensor,
+    fill: impl FnOnce(&mut [u8]) -> opbridge_runtime::Result<()> + Send,
+) -> PyResult<Bound<'py, PyUntypedArray>> {
+    let array = empty(py, tensor.dtype(), tensor.shape())?;
+    let len = array.len() * array.dtype().itemsize();
+    let data = layout(&array).data;
+    let out: &mut [u8] = if len == 0 {
+        &mut []
+    } else {
+        // SAFETY: `empty` made a C-contiguous array of `len` bytes that no other code has seen
+        // (it is returned only after `fill`), so this is the only reference to its memory while
+        // `fill` runs; `array` keeps it alive until then.
+        unsafe { std::slice::from_raw_parts_mut(data as *mut u8, len) }
+    };
+    py.detach(|| fill(out)).map_err(crate::errors::to_pyerr)?;
+    Ok(array)
+}

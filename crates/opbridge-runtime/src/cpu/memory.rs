@@ -46,3 +46,13 @@ pub(super) fn copy(dst: DevicePtr, src: DevicePtr, bytes: usize) {
     // the streams that used it have passed this point). `copy` (memmove) tolerates overlap.
     unsafe { std::ptr::copy(src.0 as *const u8, dst.0 as *mut u8, bytes) }
 }
+
+/// Fills `bytes` bytes from `dst` with `value`, in stream order.
+pub(super) fn fill(dst: DevicePtr, value: u8, bytes: usize) {
+    if bytes == 0 {
+        return;
+    }
+    // SAFETY: as for `copy`: the range belongs to a live pool block (or caller-owned memory)
+    // until the stream has passed this point.
+    unsafe { std::ptr::write_bytes(dst.0 as *mut u8, value, bytes) }
+}

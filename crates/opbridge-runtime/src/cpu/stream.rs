@@ -248,6 +248,13 @@ impl StreamBackend for CpuStream {
         }))
     }
 
+    fn memset(&self, dst: DevicePtr, value: u8, bytes: usize) -> Result<()> {
+        self.enqueue(Box::new(move || {
+            memory::fill(dst, value, bytes);
+            Ok(())
+        }))
+    }
+
     fn record(&self, event: &Arc<dyn EventBackend>) -> Result<()> {
         let cpu = event.as_any().downcast_ref::<CpuEvent>().ok_or_else(|| Error::Device {
             device: DeviceId::CPU,

@@ -1,7 +1,7 @@
 //! Device memory: the caching pool and the owning buffer handles it hands out.
 
 mod buffer;
-mod host;
+pub(crate) mod host;
 pub(crate) mod pool;
 
 pub use buffer::{Buffer, SubBuffer};

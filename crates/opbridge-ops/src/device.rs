@@ -1,0 +1,179 @@
+//! Kernels of the built-in operators on accelerators. A backend crate (Ascend over aclnn, CUDA
+//! later) registers one per operator it covers; [`crate::dispatch::launch`] finds it by the
+//! tensors' device kind. A device kernel enqueues its work on the call's stream (the vendor API
+//! does the enqueueing, on the submitting thread) and returns: it never runs host code over
+//! device memory. Operators of loaded libraries bring their device kernels through the plugin
+//! ABI instead; a name match here is for built-ins only.
+
+use std::sync::{Arc, RwLock};
+
+use opbridge_runtime::{Allocate, CopyKind, DType, DeviceKind, Result, Stream, Tensor};
+
+use crate::dispatch::Plan;
+use crate::error::OpError;
+use crate::registry::Entry;
+use crate::schema::Attrs;
+use crate::view::TensorView;
+
+/// One call handed to a device kernel. Inputs have the dtypes the operator's `input_dtypes`
+/// asked for (any strides, on the stream's device); outputs are contiguous, of the inferred
+/// shapes and dtypes, and do not overlap the inputs.
+#[derive(Debug)]
+pub struct DeviceCall<'a> {
+    pub op: &'a str,
+    pub attrs: &'a Attrs,
+    pub inputs: &'a [Option<&'a Tensor>],
+    pub outputs: &'a [&'a Tensor],
+    pub stream: &'a Stream,
+    /// Where scratch memory comes from (the call's allocator, so a session's quota covers
+    /// it), allocated for `stream`: it may be freed as soon as the work is enqueued.
+    pub alloc: &'a dyn Allocate,
+}
+
+/// An operator's kernel on one kind of device.
+pub trait DeviceKernel: Send + Sync + 'static {
+    /// Enqueues the operator on `call.stream` and returns; failures while it runs are the
+    /// stream's, reported at its next synchronize.
+    fn enqueue(&self, call: &DeviceCall<'_>) -> Result<()>;
+}
+
+type Registered = (DeviceKind, &'static str, &'static dyn DeviceKernel);
+
+static KERNELS: RwLock<Vec<Registered>> = RwLock::new(Vec::new());
+
+/// Registers `kernel` as built-in operator `op`'s kernel on `kind` (a later registration for the
+/// same pair replaces it).
+pub fn register(kind: DeviceKind, op: &'static str, kernel: &'static dyn DeviceKernel) {
+    let mut kernels = KERNELS.write().unwrap_or_else(|p| p.into_inner());
+    kernels.retain(|(k, name, _)| !(*k == kind && *name == op));
+    kernels.push((kind, op, kernel));
+}
+
+/// Built-in operator `op`'s kernel on `kind`, if a backend registered one.
+pub fn find(kind: DeviceKind, op: &str) -> Option<&'static dyn DeviceKernel> {
+    let kernels = KERNELS.read().unwrap_or_else(|p| p.into_inner());
+    kernels.iter().find(|(k, name, _)| *k == kind && *name == op).map(|(_, _, kernel)| *kernel)
+}
+
+/// The accelerator kinds with a kernel for built-in operator `op`.
+pub fn kinds(op: &str) -> Vec<DeviceKind> {
+    let kernels = KERNELS.read().unwrap_or_else(|p| p.into_inner());
+    let mut kinds: Vec<DeviceKind> = kernels.iter().filter(|(_, name, _)| *name == op).map(|(k, _, _)| *k).collect();
+    kinds.sort();
+    kinds.dedup();
+    kinds
+}
+
+/// [`crate::dispatch::launch`] on an accelerator: inputs of another dtype than the kernel's are
+/// converted on the device (its `cast` kernel), outputs come from `alloc` (or are the given
+/// `out=` tensors), and the kernel is enqueued ordered after earlier work on the same tensors
+/// on other streams. With `OPBRIDGE_LAUNCH_BLOCKING=1` every launch is waited for, so a
+/// failing kernel is reported by the call that launched it.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch(
+    entry: &Arc<Entry>,
+    kernel: &'static dyn DeviceKernel,
+    plan: &Plan,
+    attrs: &Attrs,
+    inputs: &[Option<Arc<Tensor>>],
+    out: Option<&[Arc<Tensor>]>,
+    stream: &Stream,
+    alloc: &dyn Allocate,
+) -> crate::Result<Vec<Arc<Tensor>>> {
+    let schema = entry.schema();
+    let op = || -> Arc<str> { schema.name.as_str().into() };
+    let mut converted: Vec<Option<Arc<Tensor>>> = Vec::with_capacity(inputs.len());
+    for (t, dtype) in inputs.iter().zip(&plan.inputs) {
+        converted.push(match (t, dtype) {
+            (Some(t), Some(d)) if t.dtype() != *d => Some(cast_on_device(entry, t, *d, stream, alloc)?),
+            (t, _) => t.clone(),
+        });
+    }
+    if let Some(given) = out {
+        if given.len() != plan.outputs.len() {
+            return Err(OpError::Argument {
+                op: op(),
+                message: format!("expected {} out tensors, got {}", plan.outputs.len(), given.len()),
+            });
+        }
+    }
+    let views: Vec<Option<TensorView>> =
+        converted.iter().map(|t| t.as_ref().map(|t| TensorView::of_tensor(t))).collect();
+    let mut results: Vec<Arc<Tensor>> = Vec::with_capacity(plan.outputs.len());
+    let mut targets: Vec<Arc<Tensor>> = Vec::with_capacity(plan.outputs.len());
+    for (k, meta) in plan.outputs.iter().enumerate() {
+        let result = match out {
+            Some(given) => {
+                crate::dispatch::check_output(entry, meta, &TensorView::of_tensor(&given[k]))?;
+                Arc::clone(&given[k])
+            }
+            None => Arc::new(Tensor::empty_in(alloc, &meta.shape, meta.dtype, stream.id())?),
+        };
+        // An `out=` that overlaps an input is written through a temporary, copied after.
+        targets.push(if crate::dispatch::overlaps_inputs(entry, &views, &TensorView::of_tensor(&result)) {
+            Arc::new(Tensor::empty_in(alloc, result.shape(), result.dtype(), stream.id())?)
+        } else {
+            Arc::clone(&result)
+        });
+        results.push(result);
+    }
+    let reads: Vec<&Tensor> = converted.iter().flatten().map(|t| t.as_ref()).collect();
+    let writes: Vec<&Tensor> = targets.iter().map(|t| t.as_ref()).collect();
+    let call_inputs: Vec<Option<&Tensor>> = converted.iter().map(|t| t.as_deref()).collect();
+    let done = Tensor::enqueue_event(stream, &reads, &writes, |stream| {
+        kernel.enqueue(&DeviceCall { op: &schema.name, attrs, inputs: &call_inputs, outputs: &writes, stream, alloc })
+    })
+    .map_err(|e| OpError::Device { op: op(), message: e.to_string() })?;
+    entry.track(done);
+    for (result, target) in results.iter().zip(&targets) {
+        if !Arc::ptr_eq(result, target) {
+            let (from, to, bytes) = (target.data_ptr(), result.data_ptr(), target.nbytes());
+            Tensor::enqueue_event(stream, &[target], &[result], |s| s.copy(to, from, bytes, CopyKind::DeviceToDevice))?;
+        }
+    }
+    if launch_blocking() {
+        stream.synchronize().map_err(|e| OpError::Device {
+            op: op(),
+            message: format!("{e} (OPBRIDGE_LAUNCH_BLOCKING=1: this launch was waited for)"),
+        })?;
+    }
+    Ok(results)
+}
+
+/// A contiguous copy of `t` in `dtype`, made on the device by its `cast` kernel.
+fn cast_on_device(
+    entry: &Entry,
+    t: &Arc<Tensor>,
+    dtype: DType,
+    stream: &Stream,
+    alloc: &dyn Allocate,
+) -> crate::Result<Arc<Tensor>> {
+    let kind = stream.device().kind;
+    let cast = find(kind, "cast").ok_or_else(|| OpError::Device {
+        op: entry.schema().name.as_str().into(),
+        message: format!(
+            "an input of {} needs converting to {dtype}, and {} has no cast kernel",
+            t.dtype(),
+            kind.name()
+        ),
+    })?;
+    let converted = Tensor::empty_in(alloc, t.shape(), dtype, stream.id())?;
+    let attrs = Attrs::default();
+    Tensor::enqueue_event(stream, &[t], &[&converted], |stream| {
+        cast.enqueue(&DeviceCall {
+            op: "cast",
+            attrs: &attrs,
+            inputs: &[Some(t.as_ref())],
+            outputs: &[&converted],
+            stream,
+            alloc,
+        })
+    })?;
+    Ok(Arc::new(converted))
+}
+
+/// `OPBRIDGE_LAUNCH_BLOCKING=1`: wait for every device launch (read once per process).
+pub fn launch_blocking() -> bool {
+    static BLOCKING: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *BLOCKING.get_or_init(|| std::env::var("OPBRIDGE_LAUNCH_BLOCKING").is_ok_and(|v| v == "1"))
+}

@@ -1,0 +1,326 @@
+"""The Ascend device over ACL, run against the strict test double of the ACL libraries.
+
+The double is chosen explicitly (conftest points ``OPBRIDGE_ASCEND_LIB_DIR`` at it before the
+first device use); its device memory is not host-addressable, so any host read of a device
+pointer would crash this process. Scenarios that need their own ACL state (fault injection, a
+small device, no double at all) run in a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import opbridge as ob
+from conftest import ASCEND_LIB_DIR, random_array
+
+pytestmark = pytest.mark.skipif(ASCEND_LIB_DIR is None, reason="the Ascend test double could not be built")
+
+DEV = "ascend:0"
+DTYPES = [np.float16, np.float32, np.float64, np.int32, np.int64]
+
+
+def outstanding() -> dict[str, int]:
+    """The double's live device allocations, pinned host allocations, streams and events."""
+    lib = ctypes.CDLL(str(Path(str(ASCEND_LIB_DIR)) / "libacl_rt_impl.so"))
+    counts = [ctypes.c_uint64() for _ in range(4)]
+    assert lib.acldoubleOutstanding(*[ctypes.byref(c) for c in counts]) == 0
+    return dict(zip(("device", "host", "streams", "events"), (c.value for c in counts), strict=True))
+
+
+def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """Runs `code` in a fresh interpreter on the double, with extra environment variables."""
+    full = {**os.environ, "OPBRIDGE_ASCEND_LIB_DIR": str(ASCEND_LIB_DIR), **env}
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env=full, capture_output=True, text=True, timeout=120
+    )
+
+
+# --- discovery -----------------------------------------------------------------------------------
+
+
+def test_devices_lists_the_double() -> None:
+    reports = {d["name"]: d for d in ob.devices()}
+    assert reports["cpu:0"]["available"] is True
+    ascend = reports[DEV]
+    assert ascend["available"] is True
+    assert ascend["kind"] == "ascend"
+    assert ascend["soc"].startswith("Ascend")
+    assert ascend["memory_bytes"] > 0
+    assert Path(ascend["library"]).parent == Path(str(ASCEND_LIB_DIR))
+
+
+def test_without_the_double_ascend_is_unavailable_with_the_paths_tried() -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("OPBRIDGE_ASCEND_LIB_DIR", "ASCEND_HOME_PATH")}
+    env["ASCEND_TOOLKIT_HOME"] = "/nonexistent/cann"
+    code = """
+        import numpy as np, opbridge as ob
+        d = [r for r in ob.devices() if r["kind"] == "ascend"]
+        assert len(d) == 1 and d[0]["available"] is False and d[0]["name"] == "ascend", d
+        print(d[0]["reason"])
+        try:
+            ob.asarray(np.ones(2), device="ascend:0")
+        except ob.DeviceError as e:
+            print("DeviceError", e)
+        print(ob.vector_add(np.ones(2), np.ones(2)))
+    """
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    reason, error, result = done.stdout.strip().splitlines()
+    assert "libacl_rt.so or libascendcl.so not found" in reason
+    assert "/nonexistent/cann/lib64/libacl_rt.so" in reason  # every path tried is named
+    assert "libascendcl.so" in reason
+    assert error.startswith("DeviceError") and "not available" in error
+    assert result == "[2. 2.]"  # nothing else changes
+
+
+def test_device_index_beyond_the_driver_count() -> None:
+    with pytest.raises(ob.DeviceError, match="reports 1 Ascend device"):
+        ob.asarray(np.ones(2), device="ascend:1")
+
+
+# --- copies ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(0,), (1,), (7, 3), (2, 3, 129)])
+def test_round_trip_through_the_device(dtype, shape, rng) -> None:
+    a = random_array(rng, shape, dtype)
+    t = ob.asarray(a, device=DEV)
+    assert t.device == DEV and t.shape == shape and t.dtype == np.dtype(dtype).name
+    back = t.numpy()
+    assert back.dtype == a.dtype
+    np.testing.assert_array_equal(back, a)
+    np.testing.assert_array_equal(np.asarray(t), a)
+
+
+def test_asarray_of_strided_and_converted_arrays(rng) -> None:
+    a = random_array(rng, (6, 8), np.float64)
+    np.testing.assert_array_equal(ob.asarray(a.T, device=DEV).numpy(), a.T)
+    np.testing.assert_array_equal(ob.asarray(a[::2, 1::3], device=DEV).numpy(), a[::2, 1::3])
+    np.testing.assert_array_equal(ob.asarray(a, dtype="float32", device=DEV).numpy(), a.astype(np.float32))
+    np.testing.assert_array_equal(ob.asarray([[1, 2], [3, 4]], device=DEV).numpy(), [[1, 2], [3, 4]])
+
+
+def test_to_moves_between_devices(rng) -> None:
+    a = random_array(rng, (33, 5), np.float32)
+    cpu = ob.asarray(a)
+    dev = cpu.to(DEV)
+    assert dev.device == DEV
+    back = dev.to("cpu")
+    assert back.device == "cpu:0"
+    np.testing.assert_array_equal(back.numpy(), a)
+    assert dev.to(DEV) is dev
+
+
+def test_zeros_and_empty_on_the_device() -> None:
+    z = ob.zeros((3, 1000), dtype="int64", device=DEV)
+    np.testing.assert_array_equal(z.numpy(), np.zeros((3, 1000), np.int64))
+    e = ob.empty((4,), device=DEV)
+    assert e.device == DEV and e.numpy().shape == (4,)
+
+
+def test_dlpack_names_the_device_and_numpy_refuses_it() -> None:
+    t = ob.asarray(np.ones(4, np.float32), device=DEV)
+    assert t.__dlpack_device__() == (21, 0)  # kDLAscend
+    with pytest.raises(BufferError):
+        np.from_dlpack(t)
+
+
+# --- streams, events, host functions ------------------------------------------------------------
+
+
+def test_streams_and_events_order_work_across_streams(rng) -> None:
+    a = random_array(rng, (1 << 16,), np.float32)
+    s1, s2 = ob.Stream(device=DEV), ob.Stream(device=DEV)
+    with s1:
+        t = ob.asarray(a, device=DEV)
+        start = s1.record_event()
+    event = s1.record_event()
+    s2.wait_event(event)
+    with s2:
+        back = t.numpy()
+    np.testing.assert_array_equal(back, a)
+    end = s1.record_event()
+    end.synchronize()
+    assert start.elapsed_time(end) >= 0.0
+
+
+def test_host_functions_run_in_stream_order_on_the_report_thread() -> None:
+    s = ob.Stream(device=DEV)
+    log: list[object] = []
+    threads: set[str] = set()
+    for i in range(20):
+        s.launch_host_func(lambda i=i: (log.append(i), threads.add(threading.current_thread().name)))
+    s.synchronize()
+    assert log == list(range(20))
+    assert threads and threading.current_thread().name not in threads
+
+
+def test_host_function_failure_surfaces_at_the_next_synchronize() -> None:
+    s = ob.Stream(device=DEV)
+    s.launch_host_func(lambda: 1 / 0)
+    with pytest.raises(ob.DeviceError, match="ZeroDivisionError|division by zero"):
+        s.synchronize()
+    s.synchronize()  # reported once; the stream goes on
+    done: list[int] = []
+    s.launch_host_func(lambda: done.append(1))
+    s.synchronize()
+    assert done == [1]
+
+
+def test_many_streams_share_a_few_report_threads() -> None:
+    streams = [ob.Stream(device=DEV) for _ in range(16)]
+    names: set[str] = set()
+    for s in streams:
+        s.launch_host_func(lambda: names.add(threading.current_thread().name))
+    for s in streams:
+        s.synchronize()
+    assert 1 <= len(names) <= 2
+
+
+async def _awaited(t: ob.Tensor) -> np.ndarray:
+    await t
+    return t.numpy()
+
+
+def test_tensors_are_awaitable() -> None:
+    import asyncio
+
+    t = ob.asarray(np.arange(10.0), device=DEV)
+    np.testing.assert_array_equal(asyncio.run(_awaited(t)), np.arange(10.0))
+
+
+# --- memory ------------------------------------------------------------------------------------
+
+
+def test_pool_stats_limit_and_out_of_memory() -> None:
+    base = ob.get_memory_pool_stats(DEV)["allocated_bytes.current"]
+    t = ob.empty((1 << 20,), dtype="float32", device=DEV)
+    assert ob.get_memory_pool_stats(DEV)["allocated_bytes.current"] >= base + (4 << 20)
+    del t
+    ob.synchronize(DEV)
+    assert ob.get_memory_pool_stats(DEV)["allocated_bytes.current"] == base
+    ob.set_memory_limit(8 << 20, device=DEV)
+    try:
+        with pytest.raises(ob.OutOfMemoryError, match="ascend:0"):
+            ob.empty((16 << 20,), dtype="float32", device=DEV)
+        ob.empty((1 << 10,), dtype="float32", device=DEV)  # smaller still fits
+    finally:
+        ob.set_memory_limit(None, device=DEV)
+
+
+def test_device_memory_exhaustion_is_out_of_memory_after_release_and_retry() -> None:
+    done = run_python(
+        """
+        import opbridge as ob
+        keep = [ob.empty((4 << 20,), dtype="float32", device="ascend:0") for _ in range(2)]  # 2 x 16 MiB
+        try:
+            ob.empty((12 << 20,), dtype="float32", device="ascend:0")  # 48 MiB more: past the 64
+        except ob.OutOfMemoryError as e:
+            print("OOM", e)
+        del keep  # cached by the pool, not returned to the driver
+        ob.empty((12 << 20,), dtype="float32", device="ascend:0")  # fits once the cache is released
+        print("recovered")
+        """,
+        ACLDOUBLE_MEMORY_BYTES=str(64 << 20),
+    )
+    assert done.returncode == 0, done.stderr
+    assert "OOM" in done.stdout and "recovered" in done.stdout
+
+
+def test_injected_malloc_failure_is_out_of_memory() -> None:
+    done = run_python(
+        """
+        import opbridge as ob
+        try:
+            ob.empty((1 << 20,), dtype="float32", device="ascend:0")
+        except ob.OutOfMemoryError as e:
+            print("OOM")
+        t = ob.empty((1 << 20,), dtype="float32", device="ascend:0")
+        print("then fine")
+        """,
+        ACLDOUBLE_FAIL="aclrtMalloc:1",
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["OOM", "then", "fine"]
+
+
+def test_exit_leaves_nothing_behind_in_the_driver(tmp_path) -> None:
+    report = tmp_path / "report.jsonl"
+    done = run_python(
+        """
+        import numpy as np, opbridge as ob
+        s = ob.Stream(device="ascend:0")
+        with s:
+            t = ob.asarray(np.ones(1000), device="ascend:0")
+            t.numpy()
+        s.launch_host_func(lambda: None)
+        e = s.record_event()
+        del t, e, s
+        """,
+        ACLDOUBLE_REPORT_FILE=str(report),
+    )
+    assert done.returncode == 0, done.stderr
+    assert "outstanding" not in done.stderr
+    import json
+
+    last = json.loads(report.read_text().splitlines()[-1])
+    leaks = {k: v for k, v in last.items() if isinstance(v, int) and v}
+    assert not leaks, last
+
+
+def test_many_calls_return_the_pool_and_the_driver_to_baseline() -> None:
+    a = np.arange(256, dtype=np.float32)
+    ob.synchronize(DEV)
+    before_pool = ob.get_memory_pool_stats(DEV)["allocated_bytes.current"]
+    for _ in range(2000):
+        ob.asarray(a, device=DEV).numpy()
+    ob.synchronize(DEV)
+    assert ob.get_memory_pool_stats(DEV)["allocated_bytes.current"] == before_pool
+    counts = outstanding()
+    # Pool segments and the runtime's own streams only: bounded, not one per call.
+    assert counts["device"] < 16 and counts["host"] < 16 and counts["events"] < 64, counts
+
+
+def test_threads_copy_concurrently_bit_exact(rng) -> None:
+    arrays = [random_array(rng, (257,), np.float64) for _ in range(8)]
+    errors: list[BaseException] = []
+
+    def work(a: np.ndarray) -> None:
+        try:
+            for _ in range(100):
+                t = ob.asarray(a, device=DEV)
+                np.testing.assert_array_equal(t.numpy(), a)
+        except BaseException as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(a,)) for a in arrays]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+
+
+# --- operators ------------------------------------------------------------------------------------
+
+
+def test_op_without_an_ascend_kernel_names_the_devices_it_has() -> None:
+    t = ob.asarray(np.ones((2, 3), np.float32), device=DEV)
+    with pytest.raises(ob.DeviceError, match=r"no ascend kernel for softmax v1; it has kernels for: cpu"):
+        ob.ops.softmax(t)
+
+
+def test_mixing_devices_is_a_device_error() -> None:
+    t = ob.asarray(np.ones(3, np.float32), device=DEV)
+    with pytest.raises(ob.DeviceError, match="expected all tensors on"):
+        ob.vector_add(t, ob.asarray(np.ones(3, np.float32)))
