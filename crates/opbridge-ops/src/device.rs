@@ -177,3 +177,51 @@ pub fn launch_blocking() -> bool {
     static BLOCKING: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *BLOCKING.get_or_init(|| std::env::var("OPBRIDGE_LAUNCH_BLOCKING").is_ok_and(|v| v == "1"))
 }
+
+/// The staged numpy path of an elementwise operator on an accelerator: same-length host inputs
+/// (contiguous bytes, already in the kernel's dtypes) go through the device in chunks, the
+/// copy-in of one chunk overlapping the kernel of the previous one and the copy-out of the one
+/// before (`pipeline::staged_work`); the chunk size comes from the device's measured copy model
+/// (`pipeline::chunk_bytes`). `output` receives the result bytes.
+pub fn run_staged(
+    entry: &Entry,
+    ctx: &opbridge_runtime::DeviceContext,
+    attrs: &Attrs,
+    inputs: &[(&[u8], DType)],
+    output: (&mut [u8], DType),
+    len: usize,
+) -> crate::Result<opbridge_runtime::pipeline::PipelineReport> {
+    let schema = entry.schema();
+    let device = ctx.id();
+    let kernel = entry.device_kernel(device.kind).ok_or_else(|| OpError::Device {
+        op: schema.name.as_str().into(),
+        message: format!("no {} kernel for {} v{}", device.kind.name(), schema.name, schema.version),
+    })?;
+    let (out_bytes, out_dtype) = output;
+    let widest = inputs.iter().map(|(_, d)| d.size()).chain([out_dtype.size()]).max().unwrap_or(1);
+    let chunk_elems = (opbridge_runtime::pipeline::chunk_bytes(ctx)? / widest).max(1);
+    // A chunk's buffers seen as 1-D tensors of `n` elements (the slots own the memory).
+    let view = |ptr: opbridge_runtime::DevicePtr, n: usize, dtype: DType| -> Result<Tensor> {
+        let storage =
+            opbridge_runtime::Storage::External { ptr, len: n * dtype.size(), device, owner: Box::new(()) };
+        Tensor::from_storage(Arc::new(storage), device, dtype, vec![n], None, 0)
+    };
+    let work = |stream: &Stream, ins: &[opbridge_runtime::DevicePtr], out: opbridge_runtime::DevicePtr, n: usize| {
+        let tensors: Vec<Tensor> =
+            ins.iter().zip(inputs).map(|(&p, (_, d))| view(p, n, *d)).collect::<Result<_>>()?;
+        let out = view(out, n, out_dtype)?;
+        let call_inputs: Vec<Option<&Tensor>> = tensors.iter().map(Some).collect();
+        kernel.enqueue(&DeviceCall {
+            op: &schema.name,
+            attrs,
+            inputs: &call_inputs,
+            outputs: &[&out],
+            stream,
+            alloc: ctx.pool(),
+        })
+    };
+    let bytes: Vec<&[u8]> = inputs.iter().map(|(b, _)| *b).collect();
+    let sizes: Vec<usize> = inputs.iter().map(|(_, d)| d.size()).collect();
+    opbridge_runtime::pipeline::staged_work(ctx, &bytes, &sizes, out_bytes, out_dtype.size(), len, chunk_elems, &work)
+        .map_err(|e| OpError::Device { op: schema.name.as_str().into(), message: e.to_string() })
+}

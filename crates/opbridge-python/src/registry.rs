@@ -763,15 +763,70 @@ fn call_two<'py>(
 ///     >>> ob.vector_add(a, np.ones_like(a))
 ///     array([1., 2., 3., 4.], dtype=float32)
 #[pyfunction]
-#[pyo3(signature = (a, b, out=None))]
+#[pyo3(signature = (a, b, out=None, device=None))]
 pub fn vector_add<'py>(
     py: Python<'py>,
     a: &Bound<'py, PyAny>,
     b: &Bound<'py, PyAny>,
     out: Option<&Bound<'py, PyAny>>,
+    device: Option<&str>,
 ) -> PyResult<Bound<'py, PyAny>> {
     static ENTRY: OnceLock<Arc<Entry>> = OnceLock::new();
-    call_two(py, pinned(&ENTRY, "vector_add", 1)?, a, b, out)
+    let entry = pinned(&ENTRY, "vector_add", 1)?;
+    match device.map(|d| crate::convert::parse_device(Some(d))).transpose()? {
+        Some(target) if target.kind != opbridge_runtime::DeviceKind::Cpu => staged(py, entry, &[a, b], out, target),
+        _ => call_two(py, entry, a, b, out),
+    }
+}
+
+/// numpy in, numpy out, computed on an accelerator: the inputs go through the device in chunks,
+/// copies overlapping the kernel (see `opbridge_ops::device::run_staged`). Elementwise calls of
+/// one shape (no broadcasting); the result is a new array.
+fn staged<'py>(
+    py: Python<'py>,
+    entry: &Arc<Entry>,
+    args: &[&Bound<'py, PyAny>],
+    out: Option<&Bound<'py, PyAny>>,
+    target: DeviceId,
+) -> PyResult<Bound<'py, PyAny>> {
+    let name = entry.schema().name.as_str();
+    if out.is_some() {
+        return Err(argument_error(format!("{name}: out= is not supported with device= (the result is a new array)")));
+    }
+    let mut arrays = Vec::with_capacity(args.len());
+    for (k, arg) in args.iter().enumerate() {
+        if arg.is_instance_of::<PyTensor>() {
+            return Err(argument_error(format!(
+                "{name}: device= stages numpy arrays; a Tensor already lives on a device (call without device=)"
+            )));
+        }
+        arrays.push(HostArray::extract(name, ["a", "b", "c"][k.min(2)], arg, &entry.schema().dtypes)?);
+    }
+    let metas: Vec<Option<Meta>> = arrays.iter().map(|a| Some(Meta::new(a.dtype, a.shape()))).collect();
+    let attrs = entry.schema().bind_attrs(std::iter::empty::<(&str, AttrValue)>()).map_err(to_pyerr)?;
+    let plan = dispatch::plan(entry, &metas, &attrs).map_err(to_pyerr)?;
+    let result = &plan.outputs[0];
+    if arrays.iter().any(|a| a.shape() != result.shape.as_slice()) {
+        return Err(crate::errors::shape_error(format!(
+            "{name}: device= stages elementwise calls of one shape; got shapes {:?}",
+            arrays.iter().map(|a| a.shape().to_vec()).collect::<Vec<_>>()
+        )));
+    }
+    let ctx = DeviceContext::get(target).map_err(to_pyerr)?;
+    let mut normalized = Vec::with_capacity(arrays.len());
+    for (array, dtype) in arrays.into_iter().zip(&plan.inputs) {
+        let dtype = dtype.unwrap_or(array.dtype);
+        normalized.push((array.normalized(dtype)?, dtype));
+    }
+    let inputs: Vec<(&[u8], DType)> = normalized
+        .iter()
+        .map(|(a, d)| np_ffi::contiguous_bytes(&a.array).map(|b| (b, *d)))
+        .collect::<PyResult<_>>()?;
+    let len = result.shape.iter().product();
+    let array = np_ffi::filled_array(py, result.dtype, &result.shape, |bytes| {
+        opbridge_ops::device::run_staged(entry, ctx, &attrs, &inputs, (bytes, result.dtype), len).map(drop).map_err(to_pyerr)
+    })?;
+    Ok(array.into_any())
 }
 
 /// Matrix product of two 2-D float arrays: ``(m, k) @ (k, n) -> (m, n)``.

@@ -512,5 +512,5 @@ fn download<'py>(
         )));
     }
     let stream = ctx.current_stream().map_err(to_pyerr)?;
-    np_ffi::filled_array(py, tensor, |out| tensor.download(&stream, out))
+    np_ffi::filled_array(py, tensor.dtype(), tensor.shape(), |out| tensor.download(&stream, out).map_err(to_pyerr))
 }

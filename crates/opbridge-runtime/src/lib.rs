@@ -42,6 +42,8 @@ pub struct DeviceContext {
     /// H2D, compute and D2H streams of the staged numpy path, made on first use (and again in
     /// the child of a `fork()`, where the parent's have no workers).
     pipeline: std::sync::Mutex<Option<[Stream; 3]>>,
+    /// The staged path's chunk size, measured on first use (`pipeline::chunk_bytes`).
+    pub(crate) staged_chunk_bytes: OnceLock<usize>,
 }
 
 impl std::fmt::Debug for StreamRegistry {
@@ -57,7 +59,7 @@ impl DeviceContext {
         let pinned = Arc::new(MemoryPool::new(Arc::clone(&device), Source::Pinned, Arc::clone(&streams)));
         streams.add_pool(&pool);
         streams.add_pool(&pinned);
-        DeviceContext { device, streams, pool, pinned, pipeline: std::sync::Mutex::new(None) }
+        DeviceContext { device, streams, pool, pinned, pipeline: std::sync::Mutex::new(None), staged_chunk_bytes: OnceLock::new() }
     }
 
     /// The context of a device. `cpu:0` always exists; accelerators are opened through the

@@ -12,6 +12,11 @@ use crate::DeviceContext;
 /// count. It returns the work to enqueue on the compute stream.
 pub type ChunkKernel<'a> = dyn Fn(&[DevicePtr], DevicePtr, usize) -> HostFn + 'a;
 
+/// Device work for one chunk: enqueues on the compute stream (given first) the operator over
+/// the chunk's device buffers (inputs, output) of `n` elements (an accelerator's kernel, which
+/// the vendor API enqueues itself).
+pub type ChunkWork<'a> = dyn Fn(&Stream, &[DevicePtr], DevicePtr, usize) -> Result<()> + 'a;
+
 /// Counts of what a staged run did, for tests and profiling.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PipelineReport {
@@ -32,6 +37,22 @@ pub fn staged_map(
     len: usize,
     chunk_elems: usize,
     kernel: &ChunkKernel<'_>,
+) -> Result<PipelineReport> {
+    let work = |stream: &Stream, ins: &[DevicePtr], out: DevicePtr, n: usize| stream.launch(kernel(ins, out, n));
+    staged_work(ctx, inputs, elem_in, output, elem_out, len, chunk_elems, &work)
+}
+
+/// [`staged_map`] with the chunk's work enqueued by `work` (device kernels).
+#[allow(clippy::too_many_arguments)]
+pub fn staged_work(
+    ctx: &DeviceContext,
+    inputs: &[&[u8]],
+    elem_in: &[usize],
+    output: &mut [u8],
+    elem_out: usize,
+    len: usize,
+    chunk_elems: usize,
+    work: &ChunkWork<'_>,
 ) -> Result<PipelineReport> {
     let chunk_elems = chunk_elems.max(1);
     let [h2d, compute, d2h] = ctx.pipeline_streams()?;
@@ -63,7 +84,7 @@ pub fn staged_map(
         let copied_in = h2d.record_new_event()?;
         compute.wait_event(&copied_in)?;
         let device_ptrs: Vec<DevicePtr> = slot.device_in.iter().map(|b| b.ptr()).collect();
-        compute.launch(kernel(&device_ptrs, slot.device_out.ptr(), n))?;
+        work(&compute, &device_ptrs, slot.device_out.ptr(), n)?;
         let computed = compute.record_new_event()?;
         d2h.wait_event(&computed)?;
         d2h.copy(slot.pinned_out.ptr(), slot.device_out.ptr(), n * elem_out, CopyKind::DeviceToHost)?;
@@ -128,4 +149,37 @@ impl Slot {
     fn drain(&self, output: &mut [u8], start: usize, n: usize, elem_out: usize) {
         crate::memory::host_read(&self.pinned_out, &mut output[start * elem_out..(start + n) * elem_out]);
     }
+}
+
+/// The chunk size of the staged path on `ctx`'s device, in bytes, from a model measured once
+/// per device: a chunk should take long enough to copy that the fixed cost of a copy and a
+/// launch (the latency) is a small part of it, and be no bigger than that, so the three stages
+/// overlap from the second chunk on. Measured with two copies (64 KiB and 4 MiB) on the
+/// pipeline's H2D stream: latency `l` and bandwidth `b`; the chunk is `16 * l * b`, kept within
+/// 256 KiB .. 16 MiB.
+pub fn chunk_bytes(ctx: &DeviceContext) -> Result<usize> {
+    if let Some(bytes) = ctx.staged_chunk_bytes.get() {
+        return Ok(*bytes);
+    }
+    let [h2d, _, _] = ctx.pipeline_streams()?;
+    let time = |bytes: usize| -> Result<f64> {
+        let host = ctx.pinned_pool().allocate(bytes, StreamId::HOST)?;
+        let device = ctx.pool().allocate(bytes, StreamId::HOST)?;
+        host.record_use(&h2d);
+        device.record_use(&h2d);
+        let mut best = f64::INFINITY;
+        for _ in 0..3 {
+            let started = std::time::Instant::now();
+            h2d.copy(device.ptr(), host.ptr(), bytes, CopyKind::HostToDevice)?;
+            h2d.record_new_event()?.synchronize()?;
+            best = best.min(started.elapsed().as_secs_f64());
+        }
+        Ok(best)
+    };
+    let (small, large) = (64usize << 10, 4usize << 20);
+    let (t_small, t_large) = (time(small)?, time(large)?);
+    let bandwidth = (large - small) as f64 / (t_large - t_small).max(1e-9);
+    let latency = (t_small - small as f64 / bandwidth).max(0.0);
+    let bytes = ((16.0 * latency * bandwidth) as usize).clamp(256 << 10, 16 << 20);
+    Ok(*ctx.staged_chunk_bytes.get_or_init(|| bytes))
 }

@@ -301,14 +301,15 @@ pub fn contiguous_bytes<'a>(array: &'a Bound<'_, PyUntypedArray>) -> PyResult<&'
     Ok(unsafe { std::slice::from_raw_parts(layout.data as *const u8, len) })
 }
 
-/// A new array filled with the bytes of contiguous `tensor` by `fill` (a device-to-host copy),
-/// run with the GIL released.
-pub fn filled_array<'py>(
+/// A new C-contiguous array of `dtype` and `shape` whose bytes `fill` writes (a device-to-host
+/// copy, a staged call), run with the GIL released.
+pub fn filled_array<'py, E: Into<PyErr> + Send>(
     py: Python<'py>,
-    tensor: &Tensor,
-    fill: impl FnOnce(&mut [u8]) -> opbridge_runtime::Result<()> + Send,
+    dtype: DType,
+    shape: &[usize],
+    fill: impl FnOnce(&mut [u8]) -> Result<(), E> + Send,
 ) -> PyResult<Bound<'py, PyUntypedArray>> {
-    let array = empty(py, tensor.dtype(), tensor.shape())?;
+    let array = empty(py, dtype, shape)?;
     let len = array.len() * array.dtype().itemsize();
     let data = layout(&array).data;
     let out: &mut [u8] = if len == 0 {
@@ -319,6 +320,6 @@ pub fn filled_array<'py>(
         // `fill` runs; `array` keeps it alive until then.
         unsafe { std::slice::from_raw_parts_mut(data as *mut u8, len) }
     };
-    py.detach(|| fill(out)).map_err(crate::errors::to_pyerr)?;
+    py.detach(|| fill(out)).map_err(Into::into)?;
     Ok(array)
 }
