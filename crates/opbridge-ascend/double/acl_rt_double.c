@@ -896,15 +896,15 @@ EXPORT const char *aclrtGetSocName(void) {
 
 #define RET(x)                                                                                                \
     do {                                                                                                      \
-        aclError _r = (x);                                                                                    \
+        aclError _ret = (x);                                                                                  \
         pthread_mutex_unlock(&g_lock);                                                                        \
-        return _r;                                                                                            \
+        return _ret;                                                                                          \
     } while (0)
 
 #define CHECK(x)                                                                                              \
     do {                                                                                                      \
-        aclError _r = (x);                                                                                    \
-        if (_r) RET(_r);                                                                                      \
+        aclError _chk = (x);                                                                                  \
+        if (_chk) RET(_chk);                                                                                     \
     } while (0)
 
 EXPORT aclError aclrtGetDeviceCount(uint32_t *count) {

@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-CFLAGS = ["-std=c11", "-O2", "-g", "-fPIC", "-shared", "-pthread", "-Wall", "-Wextra", "-Werror"]
+CFLAGS = ["-std=c11", "-O2", "-g", "-fPIC", "-shared", "-pthread", "-Wall", "-Wextra", "-Werror", "-Winit-self"]
 IMPL_SOURCES = ["acl_rt_double.c"]
 HEADERS = ["acl_decls.h", "double_internal.h"]
 THIN_SOURCE = "thin.c"
