@@ -550,3 +550,42 @@ def test_finalize_report(lib_dir, tmp_path):
     leak, ok_ = lines
     assert (leak["device_allocs"], leak["host_allocs"], leak["streams"], leak["events"]) == (1, 1, 1, 1)
     assert (ok_["device_allocs"], ok_["host_allocs"], ok_["streams"], ok_["events"]) == (0, 0, 0, 0)
+
+
+# ---------------------------------------------------------------- internal API for sibling doubles
+
+
+def test_internal_kernel_api(lib_dir):
+    ok(
+        lib_dir,
+        """
+        impl = ctypes.CDLL(os.path.join(LIB, "libacl_rt_impl.so"))
+        RUN = ctypes.CFUNCTYPE(c_int, c_void_p); REL = ctypes.CFUNCTYPE(None, c_void_p)
+        impl.acldouble_enqueue_kernel.argtypes = [c_void_p, ctypes.c_char_p, RUN, c_void_p, REL]
+        impl.acldouble_device_view.argtypes = [c_void_p, c_size_t]; impl.acldouble_device_view.restype = c_void_p
+        impl.acldouble_is_device_range.argtypes = [c_void_p, c_size_t]
+        setup(); s = stream(); d = dmalloc(64); h = hmalloc(64)
+        assert impl.acldouble_is_device_range(d, 96) == 1 and impl.acldouble_is_device_range(d, 97) == 0
+        assert impl.acldouble_device_view(d, 64) is None                  # not a worker thread
+        released = []
+        @RUN
+        def fill(ctx):
+            v = impl.acldouble_device_view(d, 64)
+            if v is None or impl.acldouble_device_view(d + 64, 64) is not None:
+                return 1
+            ctypes.memset(v, 0x5A, 64); return 0
+        @RUN
+        def broken(ctx):
+            return 3
+        @REL
+        def rel(ctx):
+            released.append(ctx)
+        ck(impl.acldouble_enqueue_kernel(s, b"fill", fill, 1, rel))
+        ck(A.aclrtMemcpyAsync(h, 64, d, 64, 2, s)); ck(A.aclrtSynchronizeStream(s))
+        assert ctypes.string_at(h, 64) == b"Z" * 64
+        ck(impl.acldouble_enqueue_kernel(s, b"broken_kernel", broken, 2, rel))
+        assert A.aclrtSynchronizeStream(s) == 507015 and "broken_kernel" in msg()
+        assert released == [1, 2]
+        ck(A.aclFinalize())
+        """,
+    )

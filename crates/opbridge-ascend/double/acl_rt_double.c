@@ -604,6 +604,21 @@ static int stream_wait(stream *s, long timeout_ms) {
     return 0;
 }
 
+/* wait until every stream of `dev` has run what was enqueued (lock held; rescans after each wake,
+ * so streams destroyed meanwhile are never touched) */
+static void wait_device_idle(int dev) {
+    for (;;) {
+        stream *busy = NULL;
+        for (stream *s = g_streams; s; s = s->next_all)
+            if (s->device == dev && s->done < s->enq) {
+                busy = s;
+                break;
+            }
+        if (!busy) return;
+        pthread_cond_wait(&g_cond, &g_lock);
+    }
+}
+
 static aclError take_stream_error(const char *func, stream *s) {
     if (!s->err) return 0;
     int e = s->err;
@@ -939,10 +954,7 @@ static aclError reset_device(const char *F, int32_t deviceId, int force) {
         RET(fail(F, ACL_ERROR_RT_PARAM_INVALID,
                  "double-only: device %d reset more often than aclrtSetDevice was called", deviceId));
     d->setcount = force ? 0 : d->setcount - 1;
-    if (d->setcount == 0) {
-        for (stream *s = g_streams; s; s = s->next_all)
-            if (s->device == deviceId) stream_wait(s, -1);
-    }
+    if (d->setcount == 0) wait_device_idle(deviceId);
     if (cur_device() == deviceId && (force || d->setcount == 0)) t_device = -1;
     RET(0);
 }
@@ -964,18 +976,7 @@ EXPORT aclError aclrtSynchronizeDevice(void) {
     INJECT(F);
     int dev = cur_device();
     aclError first = 0;
-    /* the stream list is stable enough: streams of this device cannot be freed while we hold a
-     * wait on them except by another thread's destroy; re-scan after each wait */
-    for (;;) {
-        stream *busy = NULL;
-        for (stream *s = g_streams; s; s = s->next_all)
-            if (s->device == dev && s->done < s->enq) {
-                busy = s;
-                break;
-            }
-        if (!busy) break;
-        pthread_cond_wait(&g_cond, &g_lock);
-    }
+    wait_device_idle(dev);
     for (stream *s = g_streams; s; s = s->next_all)
         if (s->device == dev && s->err) {
             aclError e = take_stream_error(F, s);
@@ -1328,10 +1329,7 @@ static aclError dev_free(const char *F, void *p, int sync) {
             RET(fail(F, ACL_ERROR_RT_PARAM_INVALID, "double-only: %p is from aclrtMallocHost (use aclrtFreeHost)", p));
         RET(fail(F, ACL_ERROR_RT_PARAM_INVALID, "double-only: %p is not device memory from aclrtMalloc", p));
     }
-    if (sync) {
-        for (stream *s = g_streams; s; s = s->next_all)
-            if (s->device == id) stream_wait(s, -1);
-    }
+    if (sync) wait_device_idle(id);
     if (b->pending > 0)
         b->freed = 1; /* poisoned: queued tasks that use it will fail */
     else
