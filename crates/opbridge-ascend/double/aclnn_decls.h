@@ -1,0 +1,150 @@
+/* Declarations of the aclnn part of the opbridge Ascend test double (libnnopbase.so,
+ * libopapi_math.so, libopapi_nn.so, libopapi.so). Prototypes written from
+ * shared/notes/ascend-acl.md §1.9/§1.10; nothing here is shared with the Rust backend.
+ * Names prefixed acldouble are the double's own (not part of CANN). */
+#ifndef ACLNN_DOUBLE_DECLS_H
+#define ACLNN_DOUBLE_DECLS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define ACLNN_API __attribute__((visibility("default")))
+
+typedef int aclnnStatus;
+typedef void *aclrtStream;
+
+/* aclDataType (notes §1.10) */
+typedef enum {
+    ACL_DT_UNDEFINED = -1,
+    ACL_FLOAT = 0,
+    ACL_FLOAT16 = 1,
+    ACL_INT8 = 2,
+    ACL_INT32 = 3,
+    ACL_UINT8 = 4,
+    ACL_INT16 = 6,
+    ACL_UINT16 = 7,
+    ACL_UINT32 = 8,
+    ACL_INT64 = 9,
+    ACL_UINT64 = 10,
+    ACL_DOUBLE = 11,
+    ACL_BOOL = 12,
+    ACL_BF16 = 27
+} aclDataType;
+
+typedef int aclFormat; /* ND = 2; any value accepted by the double */
+
+/* aclnn status codes (notes §2) */
+#define ACLNN_SUCCESS 0
+#define ACLNN_ERR_PARAM_NULLPTR 161001
+#define ACLNN_ERR_PARAM_INVALID 161002
+#define ACLNN_ERR_RUNTIME_ERROR 361001
+#define ACLNN_ERR_INNER 561000
+#define ACLNN_ERR_INNER_NULLPTR 561103
+
+typedef struct aclTensor aclTensor;
+typedef struct aclScalar aclScalar;
+typedef struct aclIntArray aclIntArray;
+typedef struct aclOpExecutor aclOpExecutor;
+
+/* libnnopbase.so — meta API (notes §1.9) */
+ACLNN_API aclTensor *aclCreateTensor(const int64_t *viewDims, uint64_t viewDimsNum, aclDataType dataType,
+                                     const int64_t *stride, int64_t offset, aclFormat format,
+                                     const int64_t *storageDims, uint64_t storageDimsNum, void *tensorData);
+ACLNN_API aclnnStatus aclDestroyTensor(const aclTensor *tensor);
+ACLNN_API aclScalar *aclCreateScalar(void *value, aclDataType dataType);
+ACLNN_API aclnnStatus aclDestroyScalar(const aclScalar *scalar);
+ACLNN_API aclIntArray *aclCreateIntArray(const int64_t *value, uint64_t size);
+ACLNN_API aclnnStatus aclDestroyIntArray(const aclIntArray *array);
+ACLNN_API aclnnStatus aclnnInit(const char *configPath);
+ACLNN_API aclnnStatus aclnnFinalize(void);
+ACLNN_API aclnnStatus aclSetAclOpExecutorRepeatable(aclOpExecutor *executor);
+ACLNN_API aclnnStatus aclDestroyAclOpExecutor(aclOpExecutor *executor);
+
+/* test-only (double) */
+ACLNN_API int acldoubleAclnnOutstanding(uint64_t *tensors, uint64_t *scalars, uint64_t *executors);
+/* fetch-and-clear of the calling thread's aclnn message (NULL when none); the same text is also
+ * handed to the runtime double's aclGetRecentErrMsg buffer when it exports acldouble_set_error */
+ACLNN_API const char *acldoubleAclnnLastErrMsg(void);
+
+/* libopapi_math.so (notes §1.10; the double supports no type promotion) */
+#define ACLNN_PHASE1_OUT uint64_t *workspaceSize, aclOpExecutor **executor
+#define ACLNN_PHASE2(name) \
+    ACLNN_API aclnnStatus name(void *workspace, uint64_t workspaceSize, aclOpExecutor *executor, aclrtStream stream)
+ACLNN_API aclnnStatus aclnnAddGetWorkspaceSize(const aclTensor *self, const aclTensor *other, const aclScalar *alpha,
+                                               aclTensor *out, ACLNN_PHASE1_OUT);
+ACLNN_PHASE2(aclnnAdd);
+ACLNN_API aclnnStatus aclnnSubGetWorkspaceSize(const aclTensor *self, const aclTensor *other, const aclScalar *alpha,
+                                               aclTensor *out, ACLNN_PHASE1_OUT);
+ACLNN_PHASE2(aclnnSub);
+ACLNN_API aclnnStatus aclnnMulGetWorkspaceSize(const aclTensor *self, const aclTensor *other, aclTensor *out,
+                                               ACLNN_PHASE1_OUT);
+ACLNN_PHASE2(aclnnMul);
+ACLNN_API aclnnStatus aclnnDivGetWorkspaceSize(const aclTensor *self, const aclTensor *other, aclTensor *out,
+                                               ACLNN_PHASE1_OUT);
+ACLNN_PHASE2(aclnnDiv);
+ACLNN_API aclnnStatus aclnnMaximumGetWorkspaceSize(const aclTensor *self, const aclTensor *other, aclTensor *out,
+                                                   ACLNN_PHASE1_OUT);
+ACLNN_PHASE2(aclnnMaximum);
+ACLNN_API aclnnStatus aclnnMinimumGetWorkspaceSize(const aclTensor *self, const aclTensor *other, aclTensor *out,
+                                                   ACLNN_PHASE1_OUT);
+ACLNN_PHASE2(aclnnMinimum);
+ACLNN_API aclnnStatus aclnnPowTensorTensorGetWorkspaceSize(const aclTensor *self, const aclTensor *exponent,
+                                                           aclTensor *out, ACLNN_PHASE1_OUT);
+ACLNN_PHASE2(aclnnPowTensorTensor);
+ACLNN_API aclnnStatus aclnnCastGetWorkspaceSize(const aclTensor *self, const aclDataType dtype, aclTensor *out,
+                                                ACLNN_PHASE1_OUT);
+ACLNN_PHASE2(aclnnCast);
+ACLNN_API aclnnStatus aclnnInplaceCopyGetWorkspaceSize(aclTensor *selfRef, const aclTensor *src, ACLNN_PHASE1_OUT);
+ACLNN_PHASE2(aclnnInplaceCopy);
+
+/* libopapi_nn.so */
+ACLNN_API aclnnStatus aclnnMatmulGetWorkspaceSize(const aclTensor *self, const aclTensor *mat2, aclTensor *out,
+                                                  int8_t cubeMathType, ACLNN_PHASE1_OUT);
+ACLNN_PHASE2(aclnnMatmul);
+
+/* ---- internal interface between libnnopbase.so and the op libraries (double only) ---- */
+#define ACLNN_DOUBLE_MAX_DIMS 8
+
+typedef struct {
+    int dtype;
+    uint64_t ndim;
+    int64_t dims[ACLNN_DOUBLE_MAX_DIMS];
+    int64_t strides[ACLNN_DOUBLE_MAX_DIMS]; /* elements */
+    int64_t offset;                         /* elements */
+    char *data;                             /* storage base (device address) */
+} acldoubleTensorDesc;
+
+enum { ACLDOUBLE_OP_ADD = 1, ACLDOUBLE_OP_SUB, ACLDOUBLE_OP_MUL, ACLDOUBLE_OP_DIV, ACLDOUBLE_OP_MAX,
+       ACLDOUBLE_OP_MIN, ACLDOUBLE_OP_POW, ACLDOUBLE_OP_CAST, ACLDOUBLE_OP_COPY, ACLDOUBLE_OP_MATMUL };
+
+typedef struct {
+    int op;
+    const char *name; /* phase-2 name, e.g. "aclnnAdd" (static storage) */
+    int ntensors;     /* inputs first, output last */
+    acldoubleTensorDesc t[3];
+    double alpha_f;
+    int64_t alpha_i;
+    uint64_t workspace_size;
+} acldoubleOpDesc;
+
+ACLNN_API int acldoubleNnTensorDesc(const aclTensor *t, acldoubleTensorDesc *out);
+ACLNN_API int acldoubleNnScalarValue(const aclScalar *s, double *f, int64_t *i);
+ACLNN_API int acldoubleNnDtypeSize(int dtype);
+ACLNN_API void acldoubleNnSetError(int code, const char *func, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* 1 when the named call is due to fail per ACLDOUBLE_FAIL (counts the call) */
+ACLNN_API int acldoubleNnInjectFail(const char *func);
+ACLNN_API aclOpExecutor *acldoubleNnNewExecutor(const acldoubleOpDesc *desc);
+/* phase 2 shared by all ops */
+ACLNN_API aclnnStatus acldoubleNnRun(const char *func, void *workspace, uint64_t workspaceSize,
+                                     aclOpExecutor *executor, aclrtStream stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

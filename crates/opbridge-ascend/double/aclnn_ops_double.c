@@ -1,0 +1,307 @@
+/* Operator front ends of the opbridge Ascend test double: phase 1 (validation, snapshot executor,
+ * workspace size) and phase 2 (handed to libnnopbase's acldoubleNnRun). Compiled into
+ * libopapi_math.so with -DACLDOUBLE_OPAPI_MATH and into libopapi_nn.so with -DACLDOUBLE_OPAPI_NN. */
+#include <stdio.h>
+#include <string.h>
+
+#include "aclnn_decls.h"
+
+#define MATMUL_WORKSPACE (64u * 1024u)
+
+static const char *dtname(int dt) {
+    switch (dt) {
+    case ACL_FLOAT: return "FLOAT";
+    case ACL_FLOAT16: return "FLOAT16";
+    case ACL_DOUBLE: return "DOUBLE";
+    case ACL_INT32: return "INT32";
+    case ACL_INT64: return "INT64";
+    case ACL_BF16: return "BF16";
+    case ACL_BOOL: return "BOOL";
+    default: return "unsupported";
+    }
+}
+
+static void shape_str(const acldoubleTensorDesc *t, char *buf, size_t n) {
+    size_t p = 0;
+    p += (size_t)snprintf(buf + p, n - p, "[");
+    for (uint64_t i = 0; i < t->ndim && p < n; i++)
+        p += (size_t)snprintf(buf + p, n - p, i ? ",%lld" : "%lld", (long long)t->dims[i]);
+    if (p < n) snprintf(buf + p, n - p, "]");
+}
+
+/* common entry checks: out-pointers, injection; returns 0 to go on */
+static int enter(const char *f, uint64_t *ws, aclOpExecutor **ex) {
+    if (!ws || !ex) {
+        acldoubleNnSetError(ACLNN_ERR_PARAM_NULLPTR, f, "workspaceSize or executor out-pointer is NULL");
+        return ACLNN_ERR_PARAM_NULLPTR;
+    }
+    if (acldoubleNnInjectFail(f)) {
+        acldoubleNnSetError(ACLNN_ERR_INNER, f, "failure injected by ACLDOUBLE_FAIL");
+        return ACLNN_ERR_INNER;
+    }
+    return 0;
+}
+
+static int get(const char *f, const char *what, const aclTensor *t, acldoubleTensorDesc *d) {
+    int rc = acldoubleNnTensorDesc(t, d);
+    if (rc) acldoubleNnSetError(rc, f, "%s is %s", what, rc == ACLNN_ERR_PARAM_NULLPTR ? "NULL" : "not a live aclTensor");
+    return rc;
+}
+
+static int finish(const char *f, acldoubleOpDesc *d, uint64_t *ws, aclOpExecutor **ex) {
+    aclOpExecutor *e = acldoubleNnNewExecutor(d);
+    if (!e) {
+        acldoubleNnSetError(ACLNN_ERR_INNER, f, "out of host memory");
+        return ACLNN_ERR_INNER;
+    }
+    *ws = d->workspace_size;
+    *ex = e;
+    return 0;
+}
+
+/* numpy broadcast of a and b must give exactly out's shape */
+__attribute__((unused)) static int check_bcast(const char *f, const acldoubleTensorDesc *a, const acldoubleTensorDesc *b,
+                       const acldoubleTensorDesc *o, const char *bname) {
+    char sa[128], sb[128], so[128];
+    uint64_t nd = a->ndim > b->ndim ? a->ndim : b->ndim;
+    int ok = o->ndim == nd;
+    for (uint64_t i = 0; ok && i < nd; i++) {
+        int64_t da = i + a->ndim >= nd ? a->dims[i + a->ndim - nd] : 1;
+        int64_t db = i + b->ndim >= nd ? b->dims[i + b->ndim - nd] : 1;
+        if (da != db && da != 1 && db != 1) {
+            shape_str(a, sa, sizeof sa);
+            shape_str(b, sb, sizeof sb);
+            acldoubleNnSetError(ACLNN_ERR_PARAM_INVALID, f, "self shape %s and %s shape %s are not broadcastable", sa,
+                                bname, sb);
+            return ACLNN_ERR_PARAM_INVALID;
+        }
+        int64_t r = da == 1 ? db : da;
+        if (o->dims[i] != r) ok = 0;
+    }
+    if (!ok) {
+        shape_str(a, sa, sizeof sa);
+        shape_str(b, sb, sizeof sb);
+        shape_str(o, so, sizeof so);
+        acldoubleNnSetError(ACLNN_ERR_PARAM_INVALID, f, "out shape %s is not the broadcast of %s and %s", so, sa, sb);
+        return ACLNN_ERR_PARAM_INVALID;
+    }
+    return 0;
+}
+
+#ifdef ACLDOUBLE_OPAPI_MATH
+static int arith_dtype(int dt) {
+    return dt == ACL_FLOAT || dt == ACL_FLOAT16 || dt == ACL_DOUBLE || dt == ACL_BF16 || dt == ACL_INT32 ||
+           dt == ACL_INT64;
+}
+
+static int is_float(int dt) { return dt == ACL_FLOAT || dt == ACL_FLOAT16 || dt == ACL_DOUBLE || dt == ACL_BF16; }
+
+static aclnnStatus binary(const char *f, const char *name, int op, const aclTensor *self, const aclTensor *other,
+                          const aclScalar *alpha, int need_alpha, aclTensor *out, uint64_t *ws, aclOpExecutor **ex) {
+    int rc = enter(f, ws, ex);
+    if (rc) return rc;
+    acldoubleOpDesc d;
+    memset(&d, 0, sizeof d);
+    d.op = op;
+    d.name = name;
+    d.ntensors = 3;
+    const char *oname = op == ACLDOUBLE_OP_POW ? "exponent" : "other";
+    if ((rc = get(f, "self", self, &d.t[0])) || (rc = get(f, oname, other, &d.t[1])) ||
+        (rc = get(f, "out", out, &d.t[2])))
+        return rc;
+    d.alpha_f = 1;
+    d.alpha_i = 1;
+    if (need_alpha) {
+        rc = acldoubleNnScalarValue(alpha, &d.alpha_f, &d.alpha_i);
+        if (rc) {
+            acldoubleNnSetError(rc, f, "alpha is %s", rc == ACLNN_ERR_PARAM_NULLPTR ? "NULL" : "not a live aclScalar");
+            return rc;
+        }
+    }
+    int dt = d.t[0].dtype;
+    if (!arith_dtype(dt) || d.t[1].dtype != dt) {
+        acldoubleNnSetError(ACLNN_ERR_PARAM_INVALID, f,
+                            "self dtype %s (%d) / %s dtype %s (%d): the double supports FLOAT, FLOAT16, DOUBLE, BF16, "
+                            "INT32, INT64 with equal dtypes (no type promotion)",
+                            dtname(dt), dt, oname, dtname(d.t[1].dtype), d.t[1].dtype);
+        return ACLNN_ERR_PARAM_INVALID;
+    }
+    int odt = d.t[2].dtype;
+    if (op == ACLDOUBLE_OP_DIV && !is_float(dt)) {
+        if (!is_float(odt)) {
+            acldoubleNnSetError(ACLNN_ERR_PARAM_INVALID, f,
+                                "integer division gives a floating out (true division); out dtype %s (%d) refused",
+                                dtname(odt), odt);
+            return ACLNN_ERR_PARAM_INVALID;
+        }
+    } else if (odt != dt) {
+        acldoubleNnSetError(ACLNN_ERR_PARAM_INVALID, f, "out dtype %s (%d) differs from the inputs' %s (%d)",
+                            dtname(odt), odt, dtname(dt), dt);
+        return ACLNN_ERR_PARAM_INVALID;
+    }
+    if ((rc = check_bcast(f, &d.t[0], &d.t[1], &d.t[2], oname))) return rc;
+    return finish(f, &d, ws, ex);
+}
+
+#define BINARY_ALPHA(Name, OP)                                                                                    \
+    aclnnStatus aclnn##Name##GetWorkspaceSize(const aclTensor *self, const aclTensor *other, const aclScalar *alpha, \
+                                              aclTensor *out, uint64_t *workspaceSize, aclOpExecutor **executor) { \
+        return binary("aclnn" #Name "GetWorkspaceSize", "aclnn" #Name, OP, self, other, alpha, 1, out,           \
+                      workspaceSize, executor);                                                                   \
+    }                                                                                                             \
+    aclnnStatus aclnn##Name(void *workspace, uint64_t workspaceSize, aclOpExecutor *executor, aclrtStream stream) { \
+        return acldoubleNnRun("aclnn" #Name, workspace, workspaceSize, executor, stream);                         \
+    }
+#define BINARY(Name, OP)                                                                                          \
+    aclnnStatus aclnn##Name##GetWorkspaceSize(const aclTensor *self, const aclTensor *other, aclTensor *out,       \
+                                              uint64_t *workspaceSize, aclOpExecutor **executor) {                \
+        return binary("aclnn" #Name "GetWorkspaceSize", "aclnn" #Name, OP, self, other, NULL, 0, out,            \
+                      workspaceSize, executor);                                                                   \
+    }                                                                                                             \
+    aclnnStatus aclnn##Name(void *workspace, uint64_t workspaceSize, aclOpExecutor *executor, aclrtStream stream) { \
+        return acldoubleNnRun("aclnn" #Name, workspace, workspaceSize, executor, stream);                         \
+    }
+
+BINARY_ALPHA(Add, ACLDOUBLE_OP_ADD)
+BINARY_ALPHA(Sub, ACLDOUBLE_OP_SUB)
+BINARY(Mul, ACLDOUBLE_OP_MUL)
+BINARY(Div, ACLDOUBLE_OP_DIV)
+BINARY(Maximum, ACLDOUBLE_OP_MAX)
+BINARY(Minimum, ACLDOUBLE_OP_MIN)
+BINARY(PowTensorTensor, ACLDOUBLE_OP_POW)
+
+static int cast_dtype(int dt) { return arith_dtype(dt) || dt == ACL_BOOL; }
+
+aclnnStatus aclnnCastGetWorkspaceSize(const aclTensor *self, const aclDataType dtype, aclTensor *out,
+                                      uint64_t *workspaceSize, aclOpExecutor **executor) {
+    static const char *F = "aclnnCastGetWorkspaceSize";
+    int rc = enter(F, workspaceSize, executor);
+    if (rc) return rc;
+    acldoubleOpDesc d;
+    memset(&d, 0, sizeof d);
+    d.op = ACLDOUBLE_OP_CAST;
+    d.name = "aclnnCast";
+    d.ntensors = 2;
+    if ((rc = get(F, "self", self, &d.t[0])) || (rc = get(F, "out", out, &d.t[1]))) return rc;
+    if (!cast_dtype(d.t[0].dtype) || !cast_dtype(dtype) || d.t[1].dtype != (int)dtype) {
+        acldoubleNnSetError(ACLNN_ERR_PARAM_INVALID, F,
+                            "self dtype %s (%d), dtype %s (%d), out dtype %s (%d): out must have the requested dtype; "
+                            "the double casts among FLOAT, FLOAT16, DOUBLE, BF16, INT32, INT64, BOOL",
+                            dtname(d.t[0].dtype), d.t[0].dtype, dtname(dtype), (int)dtype, dtname(d.t[1].dtype),
+                            d.t[1].dtype);
+        return ACLNN_ERR_PARAM_INVALID;
+    }
+    int same = d.t[0].ndim == d.t[1].ndim;
+    for (uint64_t i = 0; same && i < d.t[0].ndim; i++) same = d.t[0].dims[i] == d.t[1].dims[i];
+    if (!same) {
+        char a[128], b[128];
+        shape_str(&d.t[0], a, sizeof a);
+        shape_str(&d.t[1], b, sizeof b);
+        acldoubleNnSetError(ACLNN_ERR_PARAM_INVALID, F, "out shape %s differs from self shape %s", b, a);
+        return ACLNN_ERR_PARAM_INVALID;
+    }
+    return finish(F, &d, workspaceSize, executor);
+}
+
+aclnnStatus aclnnCast(void *workspace, uint64_t workspaceSize, aclOpExecutor *executor, aclrtStream stream) {
+    return acldoubleNnRun("aclnnCast", workspace, workspaceSize, executor, stream);
+}
+
+aclnnStatus aclnnInplaceCopyGetWorkspaceSize(aclTensor *selfRef, const aclTensor *src, uint64_t *workspaceSize,
+                                             aclOpExecutor **executor) {
+    static const char *F = "aclnnInplaceCopyGetWorkspaceSize";
+    int rc = enter(F, workspaceSize, executor);
+    if (rc) return rc;
+    acldoubleOpDesc d;
+    memset(&d, 0, sizeof d);
+    d.op = ACLDOUBLE_OP_COPY;
+    d.name = "aclnnInplaceCopy";
+    d.ntensors = 2;
+    if ((rc = get(F, "selfRef", selfRef, &d.t[1])) || (rc = get(F, "src", src, &d.t[0]))) return rc;
+    if (!cast_dtype(d.t[0].dtype) || !cast_dtype(d.t[1].dtype)) {
+        acldoubleNnSetError(ACLNN_ERR_PARAM_INVALID, F, "selfRef dtype %s (%d) / src dtype %s (%d) not supported",
+                            dtname(d.t[1].dtype), d.t[1].dtype, dtname(d.t[0].dtype), d.t[0].dtype);
+        return ACLNN_ERR_PARAM_INVALID;
+    }
+    /* src must broadcast to selfRef's shape */
+    if ((rc = check_bcast(F, &d.t[1], &d.t[0], &d.t[1], "src"))) return rc;
+    return finish(F, &d, workspaceSize, executor);
+}
+
+aclnnStatus aclnnInplaceCopy(void *workspace, uint64_t workspaceSize, aclOpExecutor *executor, aclrtStream stream) {
+    return acldoubleNnRun("aclnnInplaceCopy", workspace, workspaceSize, executor, stream);
+}
+#endif /* ACLDOUBLE_OPAPI_MATH */
+
+#ifdef ACLDOUBLE_OPAPI_NN
+aclnnStatus aclnnMatmulGetWorkspaceSize(const aclTensor *self, const aclTensor *mat2, aclTensor *out,
+                                        int8_t cubeMathType, uint64_t *workspaceSize, aclOpExecutor **executor) {
+    static const char *F = "aclnnMatmulGetWorkspaceSize";
+    int rc = enter(F, workspaceSize, executor);
+    if (rc) return rc;
+    acldoubleOpDesc d;
+    memset(&d, 0, sizeof d);
+    d.op = ACLDOUBLE_OP_MATMUL;
+    d.name = "aclnnMatmul";
+    d.ntensors = 3;
+    d.workspace_size = MATMUL_WORKSPACE;
+    if ((rc = get(F, "self", self, &d.t[0])) || (rc = get(F, "mat2", mat2, &d.t[1])) ||
+        (rc = get(F, "out", out, &d.t[2])))
+        return rc;
+    if (cubeMathType < -1 || cubeMathType > 3) {
+        acldoubleNnSetError(ACLNN_ERR_PARAM_INVALID, F, "cubeMathType %d not in -1..3", (int)cubeMathType);
+        return ACLNN_ERR_PARAM_INVALID;
+    }
+    int dt = d.t[0].dtype;
+    int okdt = dt == ACL_FLOAT || dt == ACL_FLOAT16 || dt == ACL_DOUBLE || dt == ACL_BF16 || dt == ACL_INT32 ||
+               dt == ACL_INT64;
+    if (!okdt || d.t[1].dtype != dt || d.t[2].dtype != dt) {
+        acldoubleNnSetError(ACLNN_ERR_PARAM_INVALID, F,
+                            "dtypes self %s (%d), mat2 %s (%d), out %s (%d): must be equal, one of FLOAT, FLOAT16, "
+                            "DOUBLE, BF16, INT32, INT64 (double)",
+                            dtname(dt), dt, dtname(d.t[1].dtype), d.t[1].dtype, dtname(d.t[2].dtype), d.t[2].dtype);
+        return ACLNN_ERR_PARAM_INVALID;
+    }
+    const acldoubleTensorDesc *A = &d.t[0], *B = &d.t[1], *O = &d.t[2];
+    char sa[128], sb[128], so[128];
+    shape_str(A, sa, sizeof sa);
+    shape_str(B, sb, sizeof sb);
+    shape_str(O, so, sizeof so);
+    if (A->ndim == 0 || B->ndim == 0) {
+        acldoubleNnSetError(ACLNN_ERR_PARAM_INVALID, F, "0-d operands (self %s, mat2 %s)", sa, sb);
+        return ACLNN_ERR_PARAM_INVALID;
+    }
+    int64_t ak = A->dims[A->ndim - 1], bk = B->ndim == 1 ? B->dims[0] : B->dims[B->ndim - 2];
+    if (ak != bk) {
+        acldoubleNnSetError(ACLNN_ERR_PARAM_INVALID, F, "contracted dims differ: self %s, mat2 %s", sa, sb);
+        return ACLNN_ERR_PARAM_INVALID;
+    }
+    int64_t exp[ACLNN_DOUBLE_MAX_DIMS + 2];
+    uint64_t abat = A->ndim > 2 ? A->ndim - 2 : 0, bbat = B->ndim > 2 ? B->ndim - 2 : 0;
+    uint64_t nb = abat > bbat ? abat : bbat, ne = 0;
+    for (uint64_t i = 0; i < nb; i++) {
+        int64_t da = i + abat >= nb ? A->dims[i + abat - nb] : 1;
+        int64_t db = i + bbat >= nb ? B->dims[i + bbat - nb] : 1;
+        if (da != db && da != 1 && db != 1) {
+            acldoubleNnSetError(ACLNN_ERR_PARAM_INVALID, F, "batch dims of self %s and mat2 %s do not broadcast", sa,
+                                sb);
+            return ACLNN_ERR_PARAM_INVALID;
+        }
+        exp[ne++] = da == 1 ? db : da;
+    }
+    if (A->ndim > 1) exp[ne++] = A->dims[A->ndim - 2];
+    if (B->ndim > 1) exp[ne++] = B->dims[B->ndim - 1];
+    int ok = O->ndim == ne;
+    for (uint64_t i = 0; ok && i < ne; i++) ok = O->dims[i] == exp[i];
+    if (!ok) {
+        acldoubleNnSetError(ACLNN_ERR_PARAM_INVALID, F, "out shape %s is not matmul(self %s, mat2 %s)'s shape", so,
+                            sa, sb);
+        return ACLNN_ERR_PARAM_INVALID;
+    }
+    return finish(F, &d, workspaceSize, executor);
+}
+
+aclnnStatus aclnnMatmul(void *workspace, uint64_t workspaceSize, aclOpExecutor *executor, aclrtStream stream) {
+    return acldoubleNnRun("aclnnMatmul", workspace, workspaceSize, executor, stream);
+}
+#endif /* ACLDOUBLE_OPAPI_NN */

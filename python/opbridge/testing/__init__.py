@@ -1,0 +1,1 @@
+"""Test helpers of opbridge (test doubles of vendor runtimes)."""

@@ -1,0 +1,131 @@
+"""Build (and locate) the Ascend ACL test double: libacl_rt_impl.so, libacl_rt.so, libascendcl.so.
+
+    python -m opbridge.testing.ascend_double --lib-dir   # builds if needed, prints only the folder
+
+The C sources live in crates/opbridge-ascend/double (env OPBRIDGE_ASCEND_DOUBLE_SRC overrides). The
+libraries are built with the system compiler (env CC, default ``cc``) into a cache folder keyed by a
+hash of the sources and the compiler version: $OPBRIDGE_CACHE_DIR, else $XDG_CACHE_HOME/opbridge, else
+~/.cache/opbridge, subfolder ascend-double/<hash>. The build happens in a temporary folder renamed into
+place, so concurrent builders never see half-built libraries. This module imports nothing of opbridge
+(it works without the native extension and can be run by path).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+CFLAGS = ["-std=c11", "-O2", "-g", "-fPIC", "-shared", "-pthread", "-Wall", "-Wextra", "-Werror", "-Winit-self"]
+IMPL_SOURCES = ["acl_rt_double.c"]
+HEADERS = ["acl_decls.h", "double_internal.h"]
+THIN_SOURCE = "thin.c"
+IMPL = "libacl_rt_impl.so"
+THIN = ["libacl_rt.so", "libascendcl.so"]
+
+
+class DoubleBuildError(RuntimeError):
+    """The double's sources are missing or do not compile."""
+
+
+def source_dir() -> Path:
+    env = os.environ.get("OPBRIDGE_ASCEND_DOUBLE_SRC")
+    src = Path(env) if env else Path(__file__).resolve().parents[3] / "crates" / "opbridge-ascend" / "double"
+    missing = [n for n in [*IMPL_SOURCES, *HEADERS, THIN_SOURCE] if not (src / n).is_file()]
+    if missing:
+        raise DoubleBuildError(
+            f"Ascend double sources not found in {src} (missing {', '.join(missing)}); "
+            "set OPBRIDGE_ASCEND_DOUBLE_SRC to the crates/opbridge-ascend/double folder"
+        )
+    return src
+
+
+def _compiler() -> list[str]:
+    return shlex.split(os.environ.get("CC") or "cc")
+
+
+def _cache_root() -> Path:
+    if os.environ.get("OPBRIDGE_CACHE_DIR"):
+        return Path(os.environ["OPBRIDGE_CACHE_DIR"])
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]) / "opbridge"
+    return Path.home() / ".cache" / "opbridge"
+
+
+def _key(src: Path, cc: list[str]) -> str:
+    h = hashlib.sha256()
+    for name in sorted([*IMPL_SOURCES, *HEADERS, THIN_SOURCE]):
+        h.update(name.encode() + b"\0" + (src / name).read_bytes() + b"\0")
+    try:
+        ver = subprocess.run([*cc, "--version"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise DoubleBuildError(f"C compiler {shlex.join(cc)!r} is not usable: {e}") from e
+    h.update(shlex.join(cc).encode() + b"\0" + ver.encode() + b"\0" + " ".join(CFLAGS).encode())
+    return h.hexdigest()[:16]
+
+
+def _run(cmd: list[str], cwd: Path) -> None:
+    p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise DoubleBuildError(f"compiling the Ascend double failed:\n$ {shlex.join(cmd)}\n{p.stdout}{p.stderr}")
+
+
+def _complete(d: Path) -> bool:
+    return all((d / n).is_file() for n in [IMPL, *THIN])
+
+
+def build(force: bool = False) -> Path:
+    """Build the libraries unless a complete build for these sources exists; return their folder."""
+    src = source_dir()
+    cc = _compiler()
+    final = _cache_root() / "ascend-double" / _key(src, cc)
+    if _complete(final) and not force:
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=final.parent))
+    try:
+        _run([*cc, *CFLAGS, "-fvisibility=hidden", "-o", str(tmp / IMPL), *[str(src / s) for s in IMPL_SOURCES]], tmp)
+        for name in THIN:
+            cmd = [*cc, *CFLAGS, "-o", str(tmp / name), str(src / THIN_SOURCE), "-Wl,--no-as-needed"]
+            _run([*cmd, f"-L{tmp}", "-lacl_rt_impl", "-Wl,-rpath,$ORIGIN"], tmp)
+        if force and final.exists():
+            old = final.with_name(final.name + f".old-{os.getpid()}")
+            os.rename(final, old)
+            shutil.rmtree(old, ignore_errors=True)
+        try:
+            os.rename(tmp, final)  # atomic; fails if another builder won the race
+        except OSError:
+            if not _complete(final):
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def lib_dir() -> Path:
+    """The folder holding the built double (building it first if needed)."""
+    return build()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args not in (["--lib-dir"], ["--lib-dir", "--force"], ["--force", "--lib-dir"]):
+        print("usage: python -m opbridge.testing.ascend_double --lib-dir [--force]", file=sys.stderr)
+        return 2
+    try:
+        path = build(force="--force" in args)
+    except DoubleBuildError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
