@@ -129,9 +129,6 @@ rt.aclrtMemcpy.argtypes = [P, ctypes.c_size_t, P, ctypes.c_size_t, ctypes.c_int]
 rt.aclrtSynchronizeStream.argtypes = [P]
 rt.aclrtCreateStream.argtypes = [ctypes.POINTER(P)]
 rt.aclrtDestroyStream.argtypes = [P]
-for lib in (math_, nnops):
-    for name in dir(lib):
-        pass
 
 DT = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, np.dtype(np.int32): 3, np.dtype(np.int64): 9,
       np.dtype(np.float64): 11, np.dtype(np.bool_): 12}
