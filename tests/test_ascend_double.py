@@ -372,7 +372,7 @@ def test_copy_bandwidth_model(lib_dir):
         ACLDOUBLE_MEMORY_BYTES=str(128 << 20),
     )
     enqueue, total = map(float, out.split())
-    assert total >= 0.060 and enqueue < 0.03, (enqueue, total)
+    assert total >= 0.060 and enqueue < total / 2, (enqueue, total)  # the copy runs on the worker
 
 
 # ---------------------------------------------------------------- callbacks
