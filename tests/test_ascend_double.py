@@ -372,7 +372,7 @@ def test_copy_bandwidth_model(lib_dir):
         ACLDOUBLE_MEMORY_BYTES=str(128 << 20),
     )
     enqueue, total = map(float, out.split())
-    assert total >= 0.060 and enqueue < 0.03, (enqueue, total)
+    assert total >= 0.060 and enqueue < total / 2, (enqueue, total)  # the copy runs on the worker
 
 
 # ---------------------------------------------------------------- callbacks
@@ -474,7 +474,9 @@ def test_stream_wait_event_orders_two_streams(lib_dir):
         setup(); s1 = stream(); s2 = stream(); e = event()
         n = 1 << 16; d = dmalloc(n); h = hmalloc(n); out = hmalloc(n)
         ctypes.memmove(h, b"\\x07" * n, n)
-        ck(A.aclrtMemcpyAsync(d, n, h, n, 1, s1))           # slow (launch latency) on s1
+        ck(A.aclrtMemsetAsync(d, n, 1, n, s1))              # s1's copy lands only after ~300 ms:
+        ck(A.aclrtMemsetAsync(d, n, 2, n, s1))              # three tasks, 100 ms launch latency each
+        ck(A.aclrtMemcpyAsync(d, n, h, n, 1, s1))
         ck(A.aclrtRecordEvent(e, s1))
         ck(A.aclrtStreamWaitEvent(s2, e))
         ck(A.aclrtMemcpyAsync(out, n, d, n, 2, s2))         # must see s1's copy
