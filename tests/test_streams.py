@@ -40,41 +40,41 @@ def test_new_streams_are_distinct(device: str) -> None:
     s1, s2 = ob.Stream(device=device), ob.Stream(device=device)
     assert s1 != s2
     assert s1.id != s2.id
-    assert s1 != ob.current_stream()
+    assert s1 != ob.current_stream(device)
     assert s1 == s1
     assert s1 != "not a stream"
 
 
 def test_with_switches_and_restores(device: str) -> None:
-    default = ob.current_stream()
+    default = ob.current_stream(device)
     s = ob.Stream(device=device)
     with s as entered:
         assert entered is s
-        assert ob.current_stream() == s
-    assert ob.current_stream() == default
+        assert ob.current_stream(device) == s
+    assert ob.current_stream(device) == default
 
 
 def test_nested_with(device: str) -> None:
-    default = ob.current_stream()
+    default = ob.current_stream(device)
     s1, s2 = ob.Stream(device=device), ob.Stream(device=device)
     with s1:
-        assert ob.current_stream() == s1
+        assert ob.current_stream(device) == s1
         with s2:
-            assert ob.current_stream() == s2
+            assert ob.current_stream(device) == s2
             with s1:
-                assert ob.current_stream() == s1
-            assert ob.current_stream() == s2
-        assert ob.current_stream() == s1
-    assert ob.current_stream() == default
+                assert ob.current_stream(device) == s1
+            assert ob.current_stream(device) == s2
+        assert ob.current_stream(device) == s1
+    assert ob.current_stream(device) == default
 
 
 def test_with_restores_on_exception(device: str) -> None:
-    default = ob.current_stream()
+    default = ob.current_stream(device)
     s = ob.Stream(device=device)
     with pytest.raises(KeyError):
         with s:
             raise KeyError("inside")
-    assert ob.current_stream() == default
+    assert ob.current_stream(device) == default
 
 
 def test_ops_inside_with_run_on_that_stream() -> None:
@@ -199,7 +199,10 @@ def test_host_funcs_run_in_order_after_prior_work(device: str) -> None:
     assert log == [("ready", True)] + list(range(20))
 
 
-def test_host_func_sees_data_written_before_it(device: str) -> None:
+def test_host_func_sees_data_written_before_it() -> None:
+    # Host functions write a numpy array that a kernel then reads: host memory, so the CPU
+    # device (test_ascend.py orders device work across streams with events).
+    device = "cpu:0"
     s = ob.Stream(device=device)
     a = np.zeros(1000)
     ta = ob.from_dlpack(a)
@@ -242,8 +245,8 @@ def test_host_func_raising_surfaces_at_device_synchronize(device: str) -> None:
     s = ob.Stream(device=device)
     s.launch_host_func(lambda: 1 / 0)
     with pytest.raises(ob.DeviceError):
-        ob.synchronize()
-    ob.synchronize()
+        ob.synchronize(device)
+    ob.synchronize(device)
 
 
 def test_device_synchronize_waits_for_all_streams() -> None:
@@ -306,7 +309,7 @@ def test_event_record_query_synchronize() -> None:
 def test_record_on_current_stream_and_record_event(device: str) -> None:
     s = ob.Stream(device=device)
     with s:
-        e = ob.Event()
+        e = ob.Event(device=device)
         e.record()
         s.launch_host_func(lambda: None)
     e.synchronize()
@@ -314,14 +317,14 @@ def test_record_on_current_stream_and_record_event(device: str) -> None:
     assert isinstance(e2, ob.Event)
     e2.synchronize()
     assert e2.query()
-    e3 = ob.Event()
+    e3 = ob.Event(device=device)
     assert s.record_event(e3) is e3
     e3.synchronize()
 
 
 def test_elapsed_time_is_non_negative(device: str) -> None:
     s = ob.Stream(device=device)
-    start, end = ob.Event(), ob.Event()
+    start, end = ob.Event(device=device), ob.Event(device=device)
     t = ob.asarray(np.ones(1 << 16, np.float32), device=device)
     start.record(s)
     with s:
@@ -335,7 +338,7 @@ def test_elapsed_time_is_non_negative(device: str) -> None:
 
 def test_elapsed_time_measures_host_func_sleep(device: str) -> None:
     s = ob.Stream(device=device)
-    start, end = ob.Event(), ob.Event()
+    start, end = ob.Event(device=device), ob.Event(device=device)
     start.record(s)
     s.launch_host_func(lambda: time.sleep(0.05))
     end.record(s)
@@ -347,9 +350,9 @@ def test_elapsed_time_on_unrecorded_event_raises(device: str) -> None:
     recorded = ob.Stream(device=device).record_event()
     recorded.synchronize()
     with pytest.raises(ob.DeviceError):
-        ob.Event().elapsed_time(recorded)
+        ob.Event(device=device).elapsed_time(recorded)
     with pytest.raises(ob.DeviceError):
-        recorded.elapsed_time(ob.Event())
+        recorded.elapsed_time(ob.Event(device=device))
 
 
 def test_event_rerecord() -> None:
@@ -377,7 +380,10 @@ def _slow_writer(a: np.ndarray, value: float, delay: float):
     return func
 
 
-def test_wait_event_orders_streams(device: str) -> None:
+def test_wait_event_orders_streams() -> None:
+    # Host functions write a numpy array that a kernel then reads: host memory, so the CPU
+    # device (test_ascend.py orders device work across streams with events).
+    device = "cpu:0"
     stream_a, stream_b = ob.Stream(device=device), ob.Stream(device=device)
     a = np.zeros(1000)
     ta = ob.from_dlpack(a)
@@ -389,7 +395,10 @@ def test_wait_event_orders_streams(device: str) -> None:
     np.testing.assert_array_equal(r.numpy(), np.full(1000, 10.0))
 
 
-def test_event_wait_method_orders_streams(device: str) -> None:
+def test_event_wait_method_orders_streams() -> None:
+    # Host functions write a numpy array that a kernel then reads: host memory, so the CPU
+    # device (test_ascend.py orders device work across streams with events).
+    device = "cpu:0"
     stream_a, stream_b = ob.Stream(device=device), ob.Stream(device=device)
     a = np.zeros(100, np.float32)
     ta = ob.from_dlpack(a)
@@ -402,7 +411,10 @@ def test_event_wait_method_orders_streams(device: str) -> None:
     np.testing.assert_array_equal(r.numpy(), np.full(100, 6.0, np.float32))
 
 
-def test_wait_stream_orders_streams(device: str) -> None:
+def test_wait_stream_orders_streams() -> None:
+    # Host functions write a numpy array that a kernel then reads: host memory, so the CPU
+    # device (test_ascend.py orders device work across streams with events).
+    device = "cpu:0"
     stream_a, stream_b = ob.Stream(device=device), ob.Stream(device=device)
     a = np.zeros(1000, np.int64)
     ta = ob.from_dlpack(a)
@@ -436,14 +448,14 @@ def test_wait_event_blocks_only_the_waiting_stream() -> None:
 
 
 def test_with_blocks_exited_out_of_order(device: str) -> None:
-    default = ob.current_stream()
+    default = ob.current_stream(device)
     s1, s2 = ob.Stream(device=device), ob.Stream(device=device)
     s1.__enter__()
     s2.__enter__()
     s1.__exit__(None, None, None)
-    assert ob.current_stream() == s2, "s2's block is still open"
+    assert ob.current_stream(device) == s2, "s2's block is still open"
     s2.__exit__(None, None, None)
-    assert ob.current_stream() == default, "no block open: the stream from before them"
+    assert ob.current_stream(device) == default, "no block open: the stream from before them"
 
 
 def test_three_blocks_exited_in_every_order() -> None:

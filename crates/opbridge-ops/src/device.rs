@@ -202,13 +202,11 @@ pub fn run_staged(
     let chunk_elems = (opbridge_runtime::pipeline::chunk_bytes(ctx)? / widest).max(1);
     // A chunk's buffers seen as 1-D tensors of `n` elements (the slots own the memory).
     let view = |ptr: opbridge_runtime::DevicePtr, n: usize, dtype: DType| -> Result<Tensor> {
-        let storage =
-            opbridge_runtime::Storage::External { ptr, len: n * dtype.size(), device, owner: Box::new(()) };
+        let storage = opbridge_runtime::Storage::External { ptr, len: n * dtype.size(), device, owner: Box::new(()) };
         Tensor::from_storage(Arc::new(storage), device, dtype, vec![n], None, 0)
     };
     let work = |stream: &Stream, ins: &[opbridge_runtime::DevicePtr], out: opbridge_runtime::DevicePtr, n: usize| {
-        let tensors: Vec<Tensor> =
-            ins.iter().zip(inputs).map(|(&p, (_, d))| view(p, n, *d)).collect::<Result<_>>()?;
+        let tensors: Vec<Tensor> = ins.iter().zip(inputs).map(|(&p, (_, d))| view(p, n, *d)).collect::<Result<_>>()?;
         let out = view(out, n, out_dtype)?;
         let call_inputs: Vec<Option<&Tensor>> = tensors.iter().map(Some).collect();
         kernel.enqueue(&DeviceCall {

@@ -818,13 +818,13 @@ fn staged<'py>(
         let dtype = dtype.unwrap_or(array.dtype);
         normalized.push((array.normalized(dtype)?, dtype));
     }
-    let inputs: Vec<(&[u8], DType)> = normalized
-        .iter()
-        .map(|(a, d)| np_ffi::contiguous_bytes(&a.array).map(|b| (b, *d)))
-        .collect::<PyResult<_>>()?;
+    let inputs: Vec<(&[u8], DType)> =
+        normalized.iter().map(|(a, d)| np_ffi::contiguous_bytes(&a.array).map(|b| (b, *d))).collect::<PyResult<_>>()?;
     let len = result.shape.iter().product();
     let array = np_ffi::filled_array(py, result.dtype, &result.shape, |bytes| {
-        opbridge_ops::device::run_staged(entry, ctx, &attrs, &inputs, (bytes, result.dtype), len).map(drop).map_err(to_pyerr)
+        opbridge_ops::device::run_staged(entry, ctx, &attrs, &inputs, (bytes, result.dtype), len)
+            .map(drop)
+            .map_err(to_pyerr)
     })?;
     Ok(array.into_any())
 }

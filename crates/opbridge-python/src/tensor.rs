@@ -194,7 +194,7 @@ impl PyTensor {
         dl_device: Option<&Bound<'py, PyAny>>,
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let _ = (stream, max_version); // host memory: no consumer stream to order with
+        let _ = max_version;
         if copy == Some(true) {
             return Err(pyo3::exceptions::PyBufferError::new_err(
                 "__dlpack__(copy=True) is not supported; use numpy() and copy",
@@ -221,6 +221,18 @@ impl PyTensor {
                     "cannot export a tensor on {device} to DLPack device {kind}:{index}"
                 )));
             }
+        }
+        // Device memory goes only to a consumer that says it handles this device (it names
+        // it in `dl_device`, or hands over its stream): a host consumer such as numpy would
+        // read addresses the host cannot touch.
+        let asked = dl_device == Some((device.kind.dlpack_code(), device.index as i32));
+        let host = DeviceContext::get(device).map_err(to_pyerr)?.device().host_accessible();
+        if !host && !asked && stream.is_none_or(|s| s.is_none()) {
+            return Err(pyo3::exceptions::PyBufferError::new_err(format!(
+                "the tensor is on {device}, whose memory is not host memory: copy it with .numpy() or .to('cpu'), \
+                 or pass dl_device={:?} from a consumer of that device",
+                (device.kind.dlpack_code(), device.index)
+            )));
         }
         let inner = Arc::clone(&self.inner);
         py.detach(|| inner.wait_ready()).map_err(to_pyerr)?;

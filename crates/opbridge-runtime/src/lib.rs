@@ -59,7 +59,14 @@ impl DeviceContext {
         let pinned = Arc::new(MemoryPool::new(Arc::clone(&device), Source::Pinned, Arc::clone(&streams)));
         streams.add_pool(&pool);
         streams.add_pool(&pinned);
-        DeviceContext { device, streams, pool, pinned, pipeline: std::sync::Mutex::new(None), staged_chunk_bytes: OnceLock::new() }
+        DeviceContext {
+            device,
+            streams,
+            pool,
+            pinned,
+            pipeline: std::sync::Mutex::new(None),
+            staged_chunk_bytes: OnceLock::new(),
+        }
     }
 
     /// The context of a device. `cpu:0` always exists; accelerators are opened through the
