@@ -398,11 +398,15 @@ def _accelerators() -> list[Check]:
             stream.synchronize()
             after = ob.get_memory_pool_stats(name)["allocated_bytes.current"]
         except ob.OpBridgeError as e:
-            checks.append(Check("device", name, "fail", f"copy round trip failed: {e}", "see the driver's log", dict(report)))
+            checks.append(
+                Check("device", name, "fail", f"copy round trip failed: {e}", "see the driver's log", dict(report))
+            )
             continue
         details = {**report, "allocated_before": before, "allocated_after": after}
         if not np.array_equal(back, a) or after != before:
-            found = "wrong bytes came back" if not np.array_equal(back, a) else "the pool did not return to its baseline"
+            found = (
+                "wrong bytes came back" if not np.array_equal(back, a) else "the pool did not return to its baseline"
+            )
             checks.append(Check("device", name, "fail", found, "report this bug", details))
             continue
         what = report.get("soc", "device")
