@@ -1,0 +1,115 @@
+"""The Ascend device on the ACL test double: copies, the staged pipeline, and the host cost of a
+launch. Each figure is printed next to its reference and the ratio.
+
+- H2D / D2H throughput of `ob.asarray(a, device=...)` / `Tensor.numpy()` against the double's
+  copy-bandwidth model (`ACLDOUBLE_COPY_GBPS`): the ratio shows what staging through the pinned
+  pool costs on top of the modelled link.
+- Pipeline efficiency of `ob.vector_add(a, b, device=...)`: its time against the longest of its
+  three stages under the model (H2D, kernel at `ACLDOUBLE_KERNEL_GBPS`, D2H). The issue's target
+  is ≤ 1.2 (the stages overlap); with no overlap it would be their sum.
+- Host-side cost of `ob.ops.add(x, y)` on two Ascend tensors (enqueue only, the double's launch
+  latency set to 0), against `ob.ops.add` on CPU tensors and the issue's 2 µs target.
+
+    python benchmarks/bench_device.py [--mib N]
+
+It runs itself on the double (built with `python -m opbridge.testing.ascend_double --lib-dir`)
+in a child process with the model's settings; on a machine with an NPU, set
+OPBRIDGE_BENCH_REAL_ASCEND=1 to measure the real device instead (the model lines then do not
+apply).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+COPY_GBPS = 8.0
+KERNEL_GBPS = 16.0
+
+
+def child(mib: int) -> None:
+    import numpy as np
+
+    import opbridge as ob
+
+    dev = "ascend:0"
+    n = mib << 18  # float32 elements in `mib` MiB
+    a = np.ones(n, np.float32)
+    b = np.ones(n, np.float32)
+    ob.asarray(a[:1024], device=dev).numpy()  # load the driver, warm the pools
+
+    def best(f, repeat=5) -> float:
+        times = []
+        for _ in range(repeat):
+            t = time.perf_counter()
+            f()
+            times.append(time.perf_counter() - t)
+        return min(times)
+
+    nbytes = a.nbytes
+    model = nbytes / (COPY_GBPS * 1e9)
+    x = ob.asarray(a, device=dev)
+    h2d = best(lambda: ob.asarray(a, device=dev))
+    d2h = best(lambda: x.numpy())
+    print(f"H2D {mib} MiB: {nbytes / h2d / 1e9:6.2f} GB/s; model link {COPY_GBPS:.1f} GB/s; ratio {h2d / model:.2f}")
+    print(f"D2H {mib} MiB: {nbytes / d2h / 1e9:6.2f} GB/s; model link {COPY_GBPS:.1f} GB/s; ratio {d2h / model:.2f}")
+
+    staged = best(lambda: ob.vector_add(a, b, device=dev), repeat=3)
+    stage_h2d = 2 * nbytes / (COPY_GBPS * 1e9)
+    stage_kernel = 3 * nbytes / (KERNEL_GBPS * 1e9)
+    stage_d2h = nbytes / (COPY_GBPS * 1e9)
+    longest = max(stage_h2d, stage_kernel, stage_d2h)
+    serial = stage_h2d + stage_kernel + stage_d2h
+    print(
+        f"staged vector_add {mib} MiB x2: {staged * 1e3:7.1f} ms; longest stage {longest * 1e3:.1f} ms "
+        f"(all three in a row {serial * 1e3:.1f} ms); ratio {staged / longest:.2f} (target <= 1.20)"
+    )
+
+    small = np.ones(4, np.float32)
+    xs, ys = ob.asarray(small, device=dev), ob.asarray(small, device=dev)
+    xc, yc = ob.asarray(small), ob.asarray(small)
+    calls = 2000
+
+    def launches(x, y) -> float:
+        def run() -> None:
+            for _ in range(calls):
+                ob.ops.add(x, y)
+
+        t = best(run, repeat=3) / calls
+        ob.synchronize(str(x.device))
+        return t
+
+    device_call = launches(xs, ys)
+    cpu_call = launches(xc, yc)
+    print(
+        f"ob.ops.add on 2 ascend tensors (host side): {device_call * 1e6:6.2f} us; on cpu tensors "
+        f"{cpu_call * 1e6:6.2f} us; ratio to cpu {device_call / cpu_call:.2f}; target 2 us: "
+        f"ratio {device_call / 2e-6:.2f}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mib", type=int, default=64, help="array size in MiB (default 64)")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.mib)
+        return
+    env = dict(os.environ)
+    if env.get("OPBRIDGE_BENCH_REAL_ASCEND") != "1":
+        from opbridge.testing import ascend_double
+
+        env["OPBRIDGE_ASCEND_LIB_DIR"] = str(ascend_double.lib_dir())
+        env["ACLDOUBLE_COPY_GBPS"] = str(COPY_GBPS)
+        env["ACLDOUBLE_KERNEL_GBPS"] = str(KERNEL_GBPS)
+        env["ACLDOUBLE_MEMORY_BYTES"] = str(4 << 30)
+    done = subprocess.run([sys.executable, __file__, "--child", "--mib", str(args.mib)], env=env)
+    sys.exit(done.returncode)
+
+
+if __name__ == "__main__":
+    main()
