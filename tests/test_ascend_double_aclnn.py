@@ -2,16 +2,14 @@
 libopapi.so): results bit-identical to numpy, the checks of notes §6.2 rows 34-36, executor and
 tensor lifetimes, fault injection and the timing model.
 
-Every scenario initializes ACL, so each runs in a fresh interpreter (subprocess). The runtime
-double's libraries come from the builder (`python -m opbridge.testing.ascend_double --lib-dir`), or
-from $ACLDOUBLE_RT_DIR (a folder holding libacl_rt_impl.so); the aclnn libraries are compiled here
-with cc when that folder lacks them (`build_aclnn_libs`).
+Every scenario initializes ACL, so each runs in a fresh interpreter (subprocess). All libraries come
+from the double's builder (python/opbridge/testing/ascend_double.py, imported by path).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -20,88 +18,24 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-DOUBLE_DIR = REPO / "crates" / "opbridge-ascend" / "double"
 BUILDER = REPO / "python" / "opbridge" / "testing" / "ascend_double.py"
 
-AclnnLibs = ("libnnopbase.so", "libopapi_math.so", "libopapi_nn.so", "libopapi.so")
-CFLAGS = [
-    "-O2",
-    "-g",
-    "-fPIC",
-    "-shared",
-    "-pthread",
-    "-Wall",
-    "-Wextra",
-    "-Werror",
-    "-ffp-contract=off",
-]
 
-
-def build_aclnn_libs(lib_dir: Path, cc: str = "cc") -> None:
-    """Compile the aclnn libraries into lib_dir, next to its libacl_rt_impl.so."""
-    inc = [f"-I{DOUBLE_DIR}"]
-    link = ["-L" + str(lib_dir), "-Wl,-rpath,$ORIGIN", "-Wl,--no-as-needed"]
-    src = DOUBLE_DIR / "aclnn_ops_double.c"
-    steps = [
-        ([str(DOUBLE_DIR / "aclnn_double.c")], "libnnopbase.so", ["-lacl_rt_impl", "-lm"]),
-        (
-            ["-DACLDOUBLE_OPAPI_MATH", str(src)],
-            "libopapi_math.so",
-            ["-lnnopbase", "-lacl_rt_impl", "-lm"],
-        ),
-        (
-            ["-DACLDOUBLE_OPAPI_NN", str(src)],
-            "libopapi_nn.so",
-            ["-lnnopbase", "-lacl_rt_impl", "-lm"],
-        ),
-        (
-            [str(DOUBLE_DIR / "aclnn_opapi_double.c")],
-            "libopapi.so",
-            ["-lopapi_math", "-lopapi_nn", "-lnnopbase", "-lacl_rt_impl"],
-        ),
-    ]
-    for srcs, name, libs in steps:
-        tmp = lib_dir / (name + ".tmp")
-        cmd = [cc, *CFLAGS, *inc, *srcs, "-o", str(tmp), *link, *libs]
-        subprocess.run(cmd, check=True, capture_output=True, text=True)
-        os.replace(tmp, lib_dir / name)
-
-
-def _runtime_dir() -> Path | None:
-    env = os.environ.get("ACLDOUBLE_RT_DIR")
-    if env:
-        return Path(env)
-    if not BUILDER.exists():
-        return None
-    proc = subprocess.run(
-        [sys.executable, "-m", "opbridge.testing.ascend_double", "--lib-dir"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO / "python")},
-    )
-    if proc.returncode != 0:
-        proc = subprocess.run(
-            [sys.executable, str(BUILDER), "--lib-dir"], capture_output=True, text=True
-        )
-    if proc.returncode != 0:
-        pytest.fail(f"the double's builder failed:\n{proc.stdout}\n{proc.stderr}")
-    return Path(proc.stdout.strip().splitlines()[-1])
+def _load_builder():
+    spec = importlib.util.spec_from_file_location("ascend_double_builder_aclnn", BUILDER)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 @pytest.fixture(scope="module")
 def libdir(tmp_path_factory) -> Path:
-    rt = _runtime_dir()
-    if rt is None or not (rt / "libacl_rt_impl.so").exists():
-        pytest.skip("the runtime double (libacl_rt_impl.so) is not built here")
-    if all((rt / n).exists() for n in AclnnLibs) and not os.environ.get("ACLDOUBLE_RT_DIR"):
-        return rt
-    out = tmp_path_factory.mktemp("aclnn_double")
-    for name in ("libacl_rt_impl.so", "libacl_rt.so", "libascendcl.so"):
-        if (rt / name).exists():
-            shutil.copy2(rt / name, out / name)
-    build_aclnn_libs(out)
-    return out
+    """The builder's folder: the runtime double and the aclnn libraries (built if needed)."""
+    os.environ.setdefault("OPBRIDGE_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    d = _load_builder().lib_dir()
+    for name in ("libnnopbase.so", "libopapi_math.so", "libopapi_nn.so", "libopapi.so"):
+        assert (d / name).is_file(), name
+    return d
 
 
 PRELUDE = r"""
@@ -497,13 +431,16 @@ def test_error_codes_lifetimes_and_combined_library(libdir):
         pi, ti = dev_tensor(np.ones((2, 3), np.int32))
         assert math_.aclnnDivGetWorkspaceSize(P(ti), P(ti), P(toi), ctypes.byref(ws), ctypes.byref(ex)) == 161002
         assert "true division" in last()
-        assert nnops.aclnnMatmulGetWorkspaceSize(P(ta), P(ta), P(to), ctypes.c_int8(0), ctypes.byref(ws), ctypes.byref(ex)) == 161002
+        def mm1(a, b, o):
+            return nnops.aclnnMatmulGetWorkspaceSize(P(a), P(b), P(o), ctypes.c_int8(0), ctypes.byref(ws),
+                                                     ctypes.byref(ex))
+        assert mm1(ta, ta, to) == 161002
         assert counts()[2] == 0
         # workspace too small / NULL -> 161002 (double-only); the executor stays live for a retry
         pm, tm = dev_tensor(np.ones((3, 2), np.float32))
         pq = dmalloc(4 * 4)
         tq = tensor(pq, (2, 2), np.float32)
-        assert nnops.aclnnMatmulGetWorkspaceSize(P(ta), P(tm), P(tq), ctypes.c_int8(0), ctypes.byref(ws), ctypes.byref(ex)) == 0
+        assert mm1(ta, tm, tq) == 0
         assert ws.value > 0
         small = dmalloc(16)
         assert nnops.aclnnMatmul(P(small), U64(16), ex, STREAM) == 161002
@@ -536,7 +473,8 @@ def test_error_codes_lifetimes_and_combined_library(libdir):
         assert counts()[2] == 0
         # row 36: aclCreateTensor on a host pointer, unaligned, NULL dims, negative stride, beyond storage
         host = np.zeros(64, np.float32)
-        assert nn.aclCreateTensor(i64s([4]), 1, 0, i64s([1]), 0, 2, i64s([4]), 1, host.ctypes.data) is None
+        hp = (host.ctypes.data + 31) & ~31
+        assert nn.aclCreateTensor(i64s([4]), 1, 0, i64s([1]), 0, 2, i64s([4]), 1, hp) is None
         assert "device allocation" in last()
         assert nn.aclCreateTensor(i64s([4]), 1, 0, i64s([1]), 0, 2, i64s([4]), 1, pa + 4) is None
         assert "32-byte aligned" in last()
@@ -611,12 +549,19 @@ def test_injected_failures(libdir):
         assert "ACLDOUBLE_FAIL" in nn.acldoubleAclnnLastErrMsg().decode()
         op(math_, "aclnnMul", P(tx), P(tx), P(to))
         bits_equal(download(po, x.shape, np.float32), x * x)
+        # the runtime refuses the 5th kernel launch: phase 2 answers 361001, the executor is consumed
+        assert math_.aclnnMulGetWorkspaceSize(P(tx), P(tx), P(to), ctypes.byref(ws), ctypes.byref(ex)) == 0
+        assert math_.aclnnMul(None, U64(0), ex, STREAM) == 361001
+        assert "failed with ACL error" in nn.acldoubleAclnnLastErrMsg().decode()
+        rt.aclGetRecentErrMsg()
+        assert counts()[2] == 0
+        assert rt.aclrtSynchronizeStream(STREAM) == 0
         for t in (tx, to):
             nn.aclDestroyTensor(P(t))
         nn.aclDestroyScalar(P(one))
         finish()
         """,
-        env_extra={"ACLDOUBLE_FAIL": "aclnnAdd:2,aclnnMulGetWorkspaceSize:1"},
+        env_extra={"ACLDOUBLE_FAIL": "aclnnAdd:2,aclnnMulGetWorkspaceSize:1,acldouble_enqueue_kernel:5"},
     )
 
 

@@ -136,7 +136,8 @@ ACLNN_API int acldoubleNnScalarValue(const aclScalar *s, double *f, int64_t *i);
 ACLNN_API int acldoubleNnDtypeSize(int dtype);
 ACLNN_API void acldoubleNnSetError(int code, const char *func, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-/* 1 when the named call is due to fail per ACLDOUBLE_FAIL (counts the call) */
+/* nonzero (the code to return; 561000 unless func:N:CODE) when the named call is due to fail per
+ * ACLDOUBLE_FAIL (counts the call) */
 ACLNN_API int acldoubleNnInjectFail(const char *func);
 ACLNN_API aclOpExecutor *acldoubleNnNewExecutor(const acldoubleOpDesc *desc);
 /* phase 2 shared by all ops */

@@ -88,6 +88,7 @@ const char *acldoubleAclnnLastErrMsg(void) {
 static struct {
     char name[64];
     uint64_t nth;
+    int code; /* phase 1 only; 0 = ACLNN_ERR_INNER */
 } g_fail[MAX_FAIL];
 static int g_nfail;
 static struct {
@@ -97,23 +98,28 @@ static struct {
 static int g_ncalls;
 static pthread_once_t g_fail_once = PTHREAD_ONCE_INIT;
 
+/* ACLDOUBLE_FAIL is shared with the runtime double (comma list of func:N[:CODE]); this library
+ * takes the entries whose name starts with "aclnn" and leaves the others to the runtime. */
 static void parse_fail_env(void) {
     const char *env = getenv("ACLDOUBLE_FAIL");
     if (!env) return;
     char *copy = strdup(env), *save = NULL;
     if (!copy) return;
     for (char *tok = strtok_r(copy, ", ;\t\n", &save); tok; tok = strtok_r(NULL, ", ;\t\n", &save)) {
-        char *colon = strrchr(tok, ':');
-        if (!colon || strncmp(tok, "aclnn", 5) != 0) continue; /* the runtime double's entries */
-        *colon = 0;
-        char *end;
-        unsigned long long n = strtoull(colon + 1, &end, 10);
+        if (strncmp(tok, "aclnn", 5) != 0) continue;
+        char *c1 = strchr(tok, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL, *end;
+        if (!c1) continue;
+        *c1 = 0;
+        if (c2) *c2 = 0;
+        unsigned long long n = strtoull(c1 + 1, &end, 10);
+        long code = c2 ? strtol(c2 + 1, NULL, 10) : 0;
         if (*end || n == 0 || strlen(tok) >= 64 || g_nfail == MAX_FAIL) {
-            fprintf(stderr, "acldouble aclnn: ignoring ACLDOUBLE_FAIL entry '%s:%s'\n", tok, colon + 1);
+            fprintf(stderr, "acldouble aclnn: ignoring ACLDOUBLE_FAIL entry for '%s'\n", tok);
             continue;
         }
         strcpy(g_fail[g_nfail].name, tok);
         g_fail[g_nfail].nth = n;
+        g_fail[g_nfail].code = (int)code;
         g_nfail++;
     }
     free(copy);
@@ -135,7 +141,7 @@ int acldoubleNnInjectFail(const char *func) {
     if (k < g_ncalls) {
         uint64_t n = ++g_calls[k].count;
         for (int j = 0; j < g_nfail; j++)
-            if (!strcmp(g_fail[j].name, func) && g_fail[j].nth == n) fail = 1;
+            if (!strcmp(g_fail[j].name, func) && g_fail[j].nth == n) fail = g_fail[j].code ? g_fail[j].code : ACLNN_ERR_INNER;
     }
     pthread_mutex_unlock(&g_lock);
     return fail;
@@ -916,8 +922,10 @@ aclnnStatus acldoubleNnRun(const char *func, void *workspace, uint64_t workspace
     else executor->executed = 1;
     pthread_mutex_unlock(&g_lock);
     int rc = acldouble_enqueue_kernel(stream, t->d.name, task_run, t, task_release);
-    if (rc) {
-        acldoubleNnSetError(ACLNN_ERR_RUNTIME_ERROR, func, "launch on stream %p failed with ACL error %d", stream, rc);
+    if (rc) { /* the runtime did not take the task: release is ours to call */
+        task_release(t);
+        acldoubleNnSetError(ACLNN_ERR_RUNTIME_ERROR, func,
+                            "launch on stream %p failed with ACL error %d (the executor is consumed)", stream, rc);
         return ACLNN_ERR_RUNTIME_ERROR;
     }
     return ACLNN_SUCCESS;

@@ -35,9 +35,10 @@ static int enter(const char *f, uint64_t *ws, aclOpExecutor **ex) {
         acldoubleNnSetError(ACLNN_ERR_PARAM_NULLPTR, f, "workspaceSize or executor out-pointer is NULL");
         return ACLNN_ERR_PARAM_NULLPTR;
     }
-    if (acldoubleNnInjectFail(f)) {
-        acldoubleNnSetError(ACLNN_ERR_INNER, f, "failure injected by ACLDOUBLE_FAIL");
-        return ACLNN_ERR_INNER;
+    int inj = acldoubleNnInjectFail(f);
+    if (inj) {
+        acldoubleNnSetError(inj, f, "failure injected by ACLDOUBLE_FAIL");
+        return inj;
     }
     return 0;
 }

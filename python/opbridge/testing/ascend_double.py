@@ -1,4 +1,5 @@
-"""Build (and locate) the Ascend ACL test double: libacl_rt_impl.so, libacl_rt.so, libascendcl.so.
+"""Build (and locate) the Ascend ACL test double: libacl_rt_impl.so, libacl_rt.so, libascendcl.so
+(and the aclnn part: libnnopbase.so, libopapi_math.so, libopapi_nn.so, libopapi.so).
 
     python -m opbridge.testing.ascend_double --lib-dir   # builds if needed, prints only the folder
 
@@ -28,6 +29,31 @@ THIN_SOURCE = "thin.c"
 IMPL = "libacl_rt_impl.so"
 THIN = ["libacl_rt.so", "libascendcl.so"]
 
+# --- aclnn operator part of the double (libnnopbase.so, libopapi_math.so, libopapi_nn.so and the
+# combined libopapi.so), each linked against libacl_rt_impl.so (one device state per process) ---
+ACLNN_SOURCES = ["aclnn_decls.h", "aclnn_double.c", "aclnn_ops_double.c", "aclnn_opapi_double.c"]
+ACLNN_LIBS = ["libnnopbase.so", "libopapi_math.so", "libopapi_nn.so", "libopapi.so"]
+
+
+def _build_aclnn(cc: list[str], src: Path, tmp: Path) -> None:
+    flags = [*CFLAGS, "-ffp-contract=off", f"-I{src}", f"-L{tmp}", "-Wl,-rpath,$ORIGIN", "-Wl,--no-as-needed"]
+    ops = str(src / "aclnn_ops_double.c")
+    steps = [
+        ("libnnopbase.so", [str(src / "aclnn_double.c")], ["-lacl_rt_impl", "-lm"]),
+        ("libopapi_math.so", ["-DACLDOUBLE_OPAPI_MATH", ops], ["-lnnopbase", "-lacl_rt_impl", "-lm"]),
+        ("libopapi_nn.so", ["-DACLDOUBLE_OPAPI_NN", ops], ["-lnnopbase", "-lacl_rt_impl", "-lm"]),
+        (
+            "libopapi.so",
+            [str(src / "aclnn_opapi_double.c")],
+            ["-lopapi_math", "-lopapi_nn", "-lnnopbase", "-lacl_rt_impl"],
+        ),
+    ]
+    for name, srcs, libs in steps:
+        _run([*cc, *flags, "-o", str(tmp / name), *srcs, *libs], tmp)
+
+
+# --- end of the aclnn part ---
+
 
 class DoubleBuildError(RuntimeError):
     """The double's sources are missing or do not compile."""
@@ -36,7 +62,7 @@ class DoubleBuildError(RuntimeError):
 def source_dir() -> Path:
     env = os.environ.get("OPBRIDGE_ASCEND_DOUBLE_SRC")
     src = Path(env) if env else Path(__file__).resolve().parents[3] / "crates" / "opbridge-ascend" / "double"
-    missing = [n for n in [*IMPL_SOURCES, *HEADERS, THIN_SOURCE] if not (src / n).is_file()]
+    missing = [n for n in [*IMPL_SOURCES, *HEADERS, THIN_SOURCE, *ACLNN_SOURCES] if not (src / n).is_file()]
     if missing:
         raise DoubleBuildError(
             f"Ascend double sources not found in {src} (missing {', '.join(missing)}); "
@@ -59,7 +85,7 @@ def _cache_root() -> Path:
 
 def _key(src: Path, cc: list[str]) -> str:
     h = hashlib.sha256()
-    for name in sorted([*IMPL_SOURCES, *HEADERS, THIN_SOURCE]):
+    for name in sorted([*IMPL_SOURCES, *HEADERS, THIN_SOURCE, *ACLNN_SOURCES]):
         h.update(name.encode() + b"\0" + (src / name).read_bytes() + b"\0")
     try:
         ver = subprocess.run([*cc, "--version"], capture_output=True, text=True, check=True).stdout
@@ -76,7 +102,7 @@ def _run(cmd: list[str], cwd: Path) -> None:
 
 
 def _complete(d: Path) -> bool:
-    return all((d / n).is_file() for n in [IMPL, *THIN])
+    return all((d / n).is_file() for n in [IMPL, *THIN, *ACLNN_LIBS])
 
 
 def build(force: bool = False) -> Path:
@@ -93,6 +119,7 @@ def build(force: bool = False) -> Path:
         for name in THIN:
             cmd = [*cc, *CFLAGS, "-o", str(tmp / name), str(src / THIN_SOURCE), "-Wl,--no-as-needed"]
             _run([*cmd, f"-L{tmp}", "-lacl_rt_impl", "-Wl,-rpath,$ORIGIN"], tmp)
+        _build_aclnn(cc, src, tmp)
         if force and final.exists():
             old = final.with_name(final.name + f".old-{os.getpid()}")
             os.rename(final, old)
