@@ -578,11 +578,60 @@ def test_kernel_timing_model(libdir):
         for _ in range(2):
             assert math_.aclnnMulGetWorkspaceSize(P(tx), P(tx), P(to), ctypes.byref(ws), ctypes.byref(ex)) == 0
             assert math_.aclnnMul(None, U64(0), ex, STREAM) == 0
+        enqueued = time.perf_counter() - t0
         assert rt.aclrtSynchronizeStream(STREAM) == 0
         took = time.perf_counter() - t0
+        assert enqueued < 0.12, enqueued  # phase 2 is asynchronous: it does not wait for the kernel
         assert took >= 2 * 300e3 / 1e9 / 0.002 * 0.95, took     # 0.002 GB/s -> 0.15 s per kernel
         nn.aclDestroyTensor(P(tx)); nn.aclDestroyTensor(P(to))
         finish()
         """,
         env_extra={"ACLDOUBLE_KERNEL_GBPS": "0.002"},
+    )
+
+
+def test_threads_on_their_own_streams(libdir):
+    run_scenario(
+        libdir,
+        r"""
+        import threading
+        errors = []
+
+        def worker(k):
+            try:
+                assert rt.aclrtSetDevice(0) == 0
+                s = P()
+                assert rt.aclrtCreateStream(ctypes.byref(s)) == 0
+                x = np.arange(64, dtype=np.float32) * (k + 1)
+                px, tx = dev_tensor(x)
+                po = dmalloc(x.nbytes)
+                to = tensor(po, x.shape, np.float32)
+                one = scalar(1.0, np.float32)
+                ws, ex = U64(), P()
+                for _ in range(20):
+                    rc = math_.aclnnAddGetWorkspaceSize(
+                        P(tx), P(tx), P(one), P(to), ctypes.byref(ws), ctypes.byref(ex)
+                    )
+                    assert rc == 0
+                    assert math_.aclnnAdd(None, U64(0), ex, s) == 0
+                    rc = math_.aclnnMulGetWorkspaceSize(P(to), P(tx), P(to), ctypes.byref(ws), ctypes.byref(ex))
+                    assert rc == 0
+                    assert math_.aclnnMul(None, U64(0), ex, s) == 0
+                assert rt.aclrtSynchronizeStream(s) == 0
+                bits_equal(download(po, x.shape, np.float32), (x + x) * x)
+                for t in (tx, to):
+                    nn.aclDestroyTensor(P(t))
+                nn.aclDestroyScalar(P(one))
+                assert rt.aclrtDestroyStream(s) == 0
+            except BaseException as e:  # noqa: BLE001
+                errors.append(repr(e))
+
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        finish()
+        """,
     )
