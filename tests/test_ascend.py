@@ -351,7 +351,7 @@ def test_binary_ops_on_the_device_match_numpy(name, dtype, rng) -> None:
     r = op(x, y)
     assert r.device == DEV
     np.testing.assert_array_equal(r.numpy(), BINARY[name](a, b))
-    np.testing.assert_array_equal(op(x, ob.asarray(a.T.copy(), device=DEV).to(DEV)).numpy(), BINARY[name](a, a))
+    np.testing.assert_array_equal(op(y, x).numpy(), BINARY[name](b, a))
 
 
 def test_div_and_pow_on_the_device(rng) -> None:
@@ -498,20 +498,21 @@ def test_staged_pipeline_overlaps_copies_with_compute() -> None:
     done = run_python(
         """
         import time, numpy as np, opbridge as ob
-        n = 8 << 20                                   # 32 MiB per float32 array
+        n = 2 << 20                                   # 8 MiB per float32 array
         a = np.ones(n, np.float32); b = np.ones(n, np.float32)
         ob.vector_add(a[:1024], b[:1024], device="ascend:0")   # measure the model, warm the pool
         t = time.perf_counter(); r = ob.vector_add(a, b, device="ascend:0"); staged = time.perf_counter() - t
         assert (r == 2).all()
-        # The stages' totals under the double's timing model: 64 MiB in, 32 MiB out at 2 GB/s,
-        # and the kernel touches 96 MiB at 4 GB/s.
-        h2d, d2h, kernel = 64 * 2**20 / 2e9, 32 * 2**20 / 2e9, 96 * 2**20 / 4e9
+        # The stages' totals under the double's timing model (the modelled device's speed): 16 MiB
+        # in and 8 MiB out at 0.25 GB/s; the kernel touches 24 MiB at 0.25 GB/s.
+        h2d, d2h, kernel = 16 * 2**20 / 0.25e9, 8 * 2**20 / 0.25e9, 24 * 2**20 / 0.25e9
         print(staged, max(h2d, d2h, kernel), h2d + d2h + kernel)
         """,
-        ACLDOUBLE_COPY_GBPS="2",
-        ACLDOUBLE_KERNEL_GBPS="4",
+        ACLDOUBLE_COPY_GBPS="0.25",
+        ACLDOUBLE_KERNEL_GBPS="0.25",
     )
     assert done.returncode == 0, done.stderr
     staged, longest, serial = map(float, done.stdout.split())
-    # Overlapped: near the longest stage, far from the three one after the other (generous).
+    # Overlapped: near the longest stage, far from the three one after the other (generous: the
+    # benchmark reports the precise ratio).
     assert staged < 0.8 * serial, (staged, longest, serial)

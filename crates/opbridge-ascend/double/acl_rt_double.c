@@ -198,6 +198,19 @@ static void sleep_ns(double ns) {
     }
 }
 
+static double mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+/* The timing model is the modelled device's speed: a copy of `bytes` takes at least
+ * bytes / ACLDOUBLE_COPY_GBPS, however long the host's own memmove took (started at `began`). */
+static void model_copy(double began, size_t bytes) {
+    if (g_cfg.copy_gbps > 0) sleep_ns((double)bytes / g_cfg.copy_gbps - (mono_ns() - began));
+}
+
+
 /* ------------------------------------------------------------------ errors */
 static void append_msg(const char *func, const char *text) {
     struct timespec ts;
@@ -223,6 +236,19 @@ __attribute__((format(printf, 3, 4))) static aclError fail(const char *func, acl
     append_msg(func, text);
     t_last_error = code;
     return code;
+}
+
+/* For sibling doubles (aclnn): a failure message into this thread's aclGetRecentErrMsg buffer, as
+ * CANN's op libraries report through the same buffer. */
+EXPORT __attribute__((format(printf, 3, 4))) void acldouble_set_error(int code, const char *func, const char *fmt,
+                                                                       ...) {
+    char text[1536];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    append_msg(func, text);
+    t_last_error = code;
 }
 
 EXPORT const char *aclGetRecentErrMsg(void) {
@@ -474,8 +500,9 @@ static int exec_task(stream *s, task *t, char *msg, size_t cap) {
         const char *src = (t->kind == T_COPY && t->refs[1] && t->refs[1]->device >= 0) ? rw_addr(t->src) : t->src;
         pthread_mutex_unlock(&g_lock);
         if (t->kind == T_COPY) {
+            double began = mono_ns();
             memmove(dst, src, t->n);
-            if (g_cfg.copy_gbps > 0) sleep_ns((double)t->n / g_cfg.copy_gbps);
+            model_copy(began, t->n);
         } else {
             memset(dst, t->value, t->n);
         }
@@ -1436,8 +1463,9 @@ EXPORT aclError aclrtMemcpy(void *dst, size_t destMax, const void *src, size_t c
     char *d = dd ? rw_addr(dst) : dst;
     const char *s = sd ? rw_addr(src) : src;
     pthread_mutex_unlock(&g_lock);
+    double began = mono_ns();
     memmove(d, s, count);
-    if (g_cfg.copy_gbps > 0) sleep_ns((double)count / g_cfg.copy_gbps);
+    model_copy(began, count);
     pthread_mutex_lock(&g_lock);
     unref_block(bd);
     unref_block(bs);
@@ -1503,8 +1531,9 @@ EXPORT aclError aclrtMemcpyAsync(void *dst, size_t destMax, const void *src, siz
             char *d = dd ? rw_addr(dst) : dst;
             const char *sp = sd ? rw_addr(src) : src;
             pthread_mutex_unlock(&g_lock);
+            double began = mono_ns();
             memmove(d, sp, count);
-            if (g_cfg.copy_gbps > 0) sleep_ns((double)count / g_cfg.copy_gbps);
+            model_copy(began, count);
             pthread_mutex_lock(&g_lock);
             unref_block(bd);
             unref_block(bs);
