@@ -5,7 +5,7 @@
 //!
 //! Every operator runs in two phases: `aclnnXxxGetWorkspaceSize` checks the call and returns an
 //! executor and a workspace size; `aclnnXxx(workspace, size, executor, stream)` enqueues it and
-//! consumes the executor. [`Aclnn::run`] does both, with the workspace from the call's pool.
+//! consumes the executor. `Aclnn::run` does both, with the workspace from the call's pool.
 #![allow(unsafe_code, non_snake_case)]
 
 use std::ffi::{c_int, c_void};
