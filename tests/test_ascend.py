@@ -516,3 +516,11 @@ def test_staged_pipeline_overlaps_copies_with_compute() -> None:
     # Overlapped: near the longest stage, far from the three one after the other (generous: the
     # benchmark reports the precise ratio).
     assert staged < 0.8 * serial, (staged, longest, serial)
+
+
+def test_conformance_script_passes_on_the_double() -> None:
+    done = run_python(
+        "import sys, opbridge.conformance as c; sys.exit(c.main(['--device', 'ascend:0', '--calls', '200']))"
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "ascend:0: conforming" in done.stdout
