@@ -451,6 +451,8 @@ def test_injected_kernel_failure_names_the_op_and_the_stream_recovers() -> None:
     assert done.returncode == 0, done.stderr
     lines = done.stdout.strip().splitlines()
     assert lines[0].startswith("failed:") and "507015" in lines[0], lines
+    # The driver does not say which work failed: the error names what was launched, and where.
+    assert "mul v1 at <string>:4" in lines[0], lines
     assert lines[1] == str([1.0] * 8)
 
 
@@ -524,3 +526,18 @@ def test_conformance_script_passes_on_the_double() -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "ascend:0: conforming" in done.stdout
+
+
+def test_pool_blocks_keep_acl_padding() -> None:
+    # aclrtMalloc's layout, kept by the pool's sub-allocations: ALIGN_UP(len, 32) + 32 bytes,
+    # so 512 bytes take a 1 KiB block on ascend (512 on the CPU, which needs no padding).
+    def growth(device: str) -> int:
+        ob.synchronize(device)
+        before = ob.get_memory_pool_stats(device)["allocated_bytes.current"]
+        t = ob.empty((128,), dtype="float32", device=device)
+        grown = ob.get_memory_pool_stats(device)["allocated_bytes.current"] - before
+        del t
+        return grown
+
+    assert growth("cpu:0") == 512
+    assert growth(DEV) == 1024

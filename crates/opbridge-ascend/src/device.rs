@@ -269,6 +269,10 @@ impl Device for AscendDevice {
         false
     }
 
+    fn padded_size(&self, bytes: usize) -> Option<usize> {
+        acl_padded_size(bytes)
+    }
+
     fn allocate_raw(&self, bytes: usize) -> Result<DevicePtr> {
         self.runtime.bind(self.index)?;
         let mut ptr: *mut c_void = std::ptr::null_mut();
@@ -312,5 +316,24 @@ impl Device for AscendDevice {
 
     fn create_event(&self) -> Result<Arc<dyn EventBackend>> {
         Ok(Arc::new(AscendEvent::create(Arc::clone(&self.runtime), self.index)?))
+    }
+}
+
+/// `aclrtMalloc`'s documented layout for `bytes`: ALIGN_UP(bytes, 32) + 32 (`None` on overflow).
+fn acl_padded_size(bytes: usize) -> Option<usize> {
+    bytes.checked_add(31).map(|b| b & !31)?.checked_add(32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::acl_padded_size as padded;
+
+    #[test]
+    fn padding_follows_acl() {
+        assert_eq!(padded(1), Some(64));
+        assert_eq!(padded(32), Some(64));
+        assert_eq!(padded(33), Some(96));
+        assert_eq!(padded(512), Some(576));
+        assert_eq!(padded(usize::MAX - 10), None);
     }
 }

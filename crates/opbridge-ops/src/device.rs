@@ -125,6 +125,11 @@ pub(crate) fn launch(
     })
     .map_err(|e| OpError::Device { op: op(), message: e.to_string() })?;
     entry.track(done);
+    let site = CALL_SITE.with(|c| c.borrow_mut().take());
+    stream.note_launch(match site {
+        Some(site) => format!("{} v{} at {site}", schema.name, schema.version).into(),
+        None => format!("{} v{}", schema.name, schema.version).into(),
+    });
     for (result, target) in results.iter().zip(&targets) {
         if !Arc::ptr_eq(result, target) {
             let (from, to, bytes) = (target.data_ptr(), result.data_ptr(), target.nbytes());
@@ -170,6 +175,17 @@ fn cast_on_device(
         })
     })?;
     Ok(Arc::new(converted))
+}
+
+thread_local! {
+    /// Where the next launch on this thread comes from (`app.py:12`), set by a front end that
+    /// knows (the Python bindings), for the message of an asynchronous failure.
+    static CALL_SITE: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Names the call site of the next device launch on this thread (taken by that launch).
+pub fn set_call_site(site: Option<String>) {
+    CALL_SITE.with(|c| *c.borrow_mut() = site);
 }
 
 /// `OPBRIDGE_LAUNCH_BLOCKING=1`: wait for every device launch (read once per process).

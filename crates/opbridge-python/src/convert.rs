@@ -77,3 +77,24 @@ pub fn parse_dtype(py: Python<'_>, dtype: Option<&Bound<'_, PyAny>>) -> PyResult
     np_ffi::dtype_of_num(descr.num())
         .ok_or_else(|| dtype_error(format!("expected a dtype of float16, float32, float64, int32, int64, got {descr}")))
 }
+
+/// `file.py:line` of the innermost Python frame outside the opbridge package: the user's call
+/// that launched device work (named by its asynchronous failure later).
+pub fn python_call_site(py: Python<'_>) -> Option<String> {
+    static PACKAGE: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    let package = PACKAGE.get_or_init(|| {
+        let file: String = py.import("opbridge").ok()?.getattr("__file__").ok()?.extract().ok()?;
+        std::path::Path::new(&file).parent().map(|p| p.to_string_lossy().into_owned())
+    });
+    let mut frame = py.import("sys").ok()?.call_method1("_getframe", (0,)).ok()?;
+    loop {
+        let code = frame.getattr("f_code").ok()?;
+        let file: String = code.getattr("co_filename").ok()?.extract().ok()?;
+        let inside = package.as_deref().is_some_and(|p| file.starts_with(p));
+        if !inside {
+            let line: i64 = frame.getattr("f_lineno").ok()?.extract().ok()?;
+            return Some(format!("{file}:{line}"));
+        }
+        frame = frame.getattr("f_back").ok().filter(|f| !f.is_none())?;
+    }
+}

@@ -567,6 +567,10 @@ fn call_tensor<'py>(
         });
     }
     let attrs = &call.attrs;
+    if device.kind != opbridge_runtime::DeviceKind::Cpu {
+        // Device work fails asynchronously: its error will name where it was launched from.
+        opbridge_ops::device::set_call_site(crate::convert::python_call_site(py));
+    }
     // Detached: allocating may wait for streams whose host functions need the GIL.
     let results = py
         .detach(|| dispatch::launch(entry, attrs, &inputs, outs.as_deref(), &stream, ctx.pool()))

@@ -32,6 +32,14 @@ pub trait Device: Send + Sync + fmt::Debug + 'static {
     /// device). When false, the numpy path stages through pinned host memory.
     fn host_accessible(&self) -> bool;
 
+    /// The bytes a block for `bytes` must span on this device (`None` on overflow): the caching
+    /// pool carves blocks of at least this much. The CPU needs no more than asked; ACL pads
+    /// `aclrtMalloc` to `ALIGN_UP(bytes, 32) + 32` (its kernels may read the 32 bytes past the
+    /// end), so the Ascend pool keeps that layout for its sub-allocations too.
+    fn padded_size(&self, bytes: usize) -> Option<usize> {
+        Some(bytes)
+    }
+
     /// Allocates `bytes` of device memory, 64-byte aligned. Called by the caching pool only.
     fn allocate_raw(&self, bytes: usize) -> Result<DevicePtr>;
 

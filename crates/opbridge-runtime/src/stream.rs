@@ -1,13 +1,13 @@
 //! Streams, events and the per-thread current stream (the seed's stream manager).
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use crate::device::{CopyKind, Device, EventBackend, HostFn, StreamBackend};
-use crate::error::Result;
+use crate::error::{AsyncError, Error, Result};
 use crate::ids::{DeviceId, DevicePtr};
 use crate::memory::MemoryPool;
 use crate::profiler;
@@ -29,7 +29,14 @@ struct StreamInner {
     device: Arc<dyn Device>,
     backend: Arc<dyn StreamBackend>,
     registry: Weak<StreamRegistry>,
+    /// Device work launched since the last synchronize (latest last, at most
+    /// [`RECENT_LAUNCHES`]): an asynchronous failure names them, since the driver does not say
+    /// which one failed.
+    launches: Mutex<VecDeque<Arc<str>>>,
 }
+
+/// How many launches a stream remembers for its next asynchronous error.
+const RECENT_LAUNCHES: usize = 8;
 
 impl Drop for StreamInner {
     /// Work queued on a dropped stream still runs (as after `cudaStreamDestroy`): hand the
@@ -76,6 +83,7 @@ impl Stream {
             device: Arc::clone(ctx.device()),
             backend,
             registry: Arc::downgrade(&ctx.streams),
+            launches: Mutex::default(),
         }));
         ctx.streams.register(&stream);
         Ok(stream)
@@ -176,7 +184,35 @@ impl Stream {
     /// Blocks until everything enqueued so far is done; reports the first asynchronous error.
     pub fn synchronize(&self) -> Result<()> {
         let _span = profiler::span("sync", "stream synchronize", || vec![("stream", self.id().0.into())]);
-        self.0.backend.synchronize()
+        let outcome = self.0.backend.synchronize();
+        let launched: Vec<Arc<str>> = {
+            let mut launches = self.0.launches.lock().unwrap_or_else(|p| p.into_inner());
+            if launches.is_empty() {
+                return outcome;
+            }
+            launches.drain(..).collect()
+        };
+        match outcome {
+            Err(Error::Async { stream, error }) => {
+                let message = format!(
+                    "{error} [device work launched on this stream since its last synchronize, latest last: {}]",
+                    launched.join("; ")
+                );
+                let error = AsyncError::from_error(error.kind(), ContextError { message, cause: error });
+                Err(Error::Async { stream, error })
+            }
+            other => other,
+        }
+    }
+
+    /// Notes device work just launched on this stream (an operator, its version and the call
+    /// site), for the message of an asynchronous failure at the next synchronize.
+    pub fn note_launch(&self, what: Arc<str>) {
+        let mut launches = self.0.launches.lock().unwrap_or_else(|p| p.into_inner());
+        if launches.len() == RECENT_LAUNCHES {
+            launches.pop_front();
+        }
+        launches.push_back(what);
     }
 
     /// True when everything enqueued so far is done.
@@ -514,5 +550,24 @@ impl Drop for StreamContext {
                 current.prune();
             }
         });
+    }
+}
+
+/// An asynchronous error with what was launched around it; the original stays its cause.
+#[derive(Debug)]
+struct ContextError {
+    message: String,
+    cause: AsyncError,
+}
+
+impl std::fmt::Display for ContextError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for ContextError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.cause)
     }
 }

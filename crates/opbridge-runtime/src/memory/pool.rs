@@ -197,7 +197,17 @@ impl MemoryPool {
 
     /// The size of the block a request of `bytes` gets.
     pub fn block_size(&self, bytes: usize) -> usize {
-        round_up(bytes.max(1), MIN_BLOCK).unwrap_or(usize::MAX)
+        self.checked_block_size(bytes).unwrap_or(usize::MAX)
+    }
+
+    /// The block size for a request of `bytes`: the device's padded size (device memory only;
+    /// pinned staging blocks are host memory), rounded to the pool's granularity.
+    fn checked_block_size(&self, bytes: usize) -> Option<usize> {
+        let needed = match self.source {
+            Source::Device => self.device.padded_size(bytes.max(1))?,
+            Source::Pinned => bytes.max(1),
+        };
+        round_up(needed, MIN_BLOCK)
     }
 
     fn segment_size(size: usize) -> usize {
@@ -212,7 +222,8 @@ impl MemoryPool {
 
     /// Allocates `bytes` for work on `stream` (`StreamId::HOST` for synchronous host use).
     pub fn allocate(self: &Arc<Self>, bytes: usize, stream: StreamId) -> Result<Buffer> {
-        let size = round_up(bytes.max(1), MIN_BLOCK)
+        let size = self
+            .checked_block_size(bytes)
             .filter(|&s| s <= isize::MAX as usize)
             .ok_or_else(|| self.oom_error(&self.lock(), bytes, false))?;
         let mut retried = false;
@@ -307,6 +318,13 @@ impl MemoryPool {
         let info = state.blocks.get_mut(&addr).expect("handed-out block is tracked");
         info.allocated = true;
         let size = info.size;
+        // The device's layout rules hold for every block: 64-byte aligned starts, and at least
+        // the padded size (ACL: ALIGN_UP(len, 32) + 32).
+        debug_assert_eq!(addr % ALIGNMENT, 0, "pool block start {addr:#x} is not {ALIGNMENT}-byte aligned");
+        debug_assert!(
+            self.checked_block_size(bytes).is_some_and(|needed| size >= needed),
+            "pool block of {size} bytes for a request of {bytes}: below the device's padded size"
+        );
         if let Some(op) = profiler::profile_memory().then(profiler::current_op).flatten() {
             state.origins.insert(addr, op);
         }
