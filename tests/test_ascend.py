@@ -237,10 +237,11 @@ def test_device_memory_exhaustion_is_out_of_memory_after_release_and_retry() -> 
     assert "OOM" in done.stdout and "recovered" in done.stdout
 
 
-@pytest.mark.parametrize("failures", [1, 2])
+@pytest.mark.parametrize("failures", [1, 4])
 def test_injected_malloc_failure_is_retried_then_out_of_memory(failures: int) -> None:
-    # The pool releases its cache and retries once: one failed aclrtMalloc is absorbed, a
-    # second one in a row is an OutOfMemoryError; the device works afterwards either way.
+    # The pool asks for a whole segment, then for exactly the request, then releases its cache
+    # and tries both again: a failed aclrtMalloc is absorbed, four in a row are an
+    # OutOfMemoryError; the device works afterwards either way.
     done = run_python(
         """
         import opbridge as ob
@@ -256,6 +257,19 @@ def test_injected_malloc_failure_is_retried_then_out_of_memory(failures: int) ->
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["absorbed" if failures == 1 else "OOM", "then", "fine"]
+
+
+def test_a_device_smaller_than_a_segment_still_allocates() -> None:
+    done = run_python(
+        """
+        import numpy as np, opbridge as ob
+        t = ob.asarray(np.arange(4.0), device="ascend:0")   # 1 MiB device: no 2 MiB segment fits
+        print(t.numpy().tolist())
+        """,
+        ACLDOUBLE_MEMORY_BYTES=str(1 << 20),
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[0.0, 1.0, 2.0, 3.0]"
 
 
 def test_exit_leaves_nothing_behind_in_the_driver(tmp_path) -> None:
@@ -541,3 +555,98 @@ def test_pool_blocks_keep_acl_padding() -> None:
 
     assert growth("cpu:0") == 512
     assert growth(DEV) == 1024
+
+
+# --- found by review: failures reach whoever reads, fork, and friends --------------------------------
+
+
+def test_a_failed_kernel_is_reported_to_readers_on_other_streams_and_threads() -> None:
+    done = run_python(
+        """
+        import threading, numpy as np, opbridge as ob
+        a = ob.asarray(np.arange(8, dtype=np.float32), device="ascend:0")
+        s = ob.Stream(device="ascend:0")
+        with s:
+            r = ob.ops.mul(a, a)          # fails on the device
+        out = []
+        def reader():
+            try:
+                out.append(r.to("cpu").numpy())
+            except ob.DeviceError as e:
+                out.append("raised")
+        t = threading.Thread(target=reader); t.start(); t.join()
+        print(out[0])
+        """,
+        ACLDOUBLE_FAIL="aclnnMul:1",
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "raised"  # never the zeros a failed kernel leaves
+
+
+@pytest.mark.parametrize("mode", ["ascend", "cpu", "nothing"])
+def test_a_forked_child_gets_a_clear_error_and_exits(mode: str) -> None:
+    done = run_python(
+        f"""
+        import os, sys, numpy as np, opbridge as ob
+        a = ob.asarray(np.arange(4, dtype=np.float32), device="ascend:0")
+        pid = os.fork()
+        if pid == 0:
+            try:
+                if "{mode}" == "ascend":
+                    ob.asarray(np.ones(4), device="ascend:0")
+                elif "{mode}" == "cpu":
+                    assert ob.vector_add(np.ones(2), np.ones(2)).tolist() == [2.0, 2.0]
+                print("child ok", flush=True)
+            except ob.DeviceError as e:
+                print("child error:", e, flush=True)
+            sys.exit(0)
+        _, status = os.waitpid(pid, 0)
+        print("status", status)
+        print("parent", ob.vector_add(a, a).numpy().tolist())
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    if mode == "ascend":
+        assert "fork()" in lines[0] and "spawn" in lines[0], lines
+    else:
+        assert lines[0] == "child ok", lines
+    assert lines[1] == "status 0" and lines[2] == "parent [0.0, 2.0, 4.0, 6.0]", lines
+
+
+def test_a_refused_wait_inside_a_host_function_does_not_poison_other_streams() -> None:
+    s, other = ob.Stream(device=DEV), ob.Stream(device=DEV)
+    seen: list[str] = []
+
+    def inside() -> None:
+        try:
+            ob.synchronize(DEV)  # waiting from the report thread: refused by ACL
+        except ob.OpBridgeError as e:
+            seen.append(type(e).__name__)
+
+    s.launch_host_func(inside)
+    s.synchronize()
+    other.synchronize()  # unrelated streams report nothing
+    ob.synchronize(DEV)
+    assert seen, "the wait inside the host function should have been refused"
+
+
+def test_copy_false_and_cross_device_asarray() -> None:
+    t = ob.asarray(np.arange(3.0), device=DEV)
+    with pytest.raises(ValueError, match="not host memory"):
+        np.asarray(t, copy=False)
+    cpu = ob.asarray(t, device="cpu")
+    assert cpu.device == "cpu:0" and cpu.numpy().tolist() == [0.0, 1.0, 2.0]
+    assert ob.asarray(cpu, device=DEV).numpy().tolist() == [0.0, 1.0, 2.0]
+
+
+def test_an_explicit_library_folder_never_falls_back(tmp_path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", "import opbridge as ob; print([d for d in ob.devices() if d['kind'] == 'ascend'])"],
+        env={**os.environ, "OPBRIDGE_ASCEND_LIB_DIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "not found in OPBRIDGE_ASCEND_LIB_DIR" in done.stdout
+    assert "/usr/local/Ascend" not in done.stdout

@@ -94,6 +94,7 @@ type CreateTensor = unsafe extern "C" fn(
 type DestroyTensor = unsafe extern "C" fn(tensor: *const AclTensor) -> AclStatus;
 type CreateScalar = unsafe extern "C" fn(value: *mut c_void, dtype: c_int) -> *mut AclScalar;
 type DestroyScalar = unsafe extern "C" fn(scalar: *const AclScalar) -> AclStatus;
+type ExecutorFn = unsafe extern "C" fn(executor: *mut Executor) -> AclStatus;
 
 /// An operator's two phases.
 #[derive(Debug, Clone, Copy)]
@@ -112,6 +113,10 @@ pub struct Aclnn {
     destroy_tensor: DestroyTensor,
     create_scalar: CreateScalar,
     destroy_scalar: DestroyScalar,
+    /// `aclSetAclOpExecutorRepeatable` and `aclDestroyAclOpExecutor`: how an executor whose
+    /// phase 2 will not run (its workspace could not be had) is given back.
+    set_repeatable: Option<ExecutorFn>,
+    destroy_executor: Option<ExecutorFn>,
     pub add: Option<TwoPhase<BinaryAlphaPhase1>>,
     pub sub: Option<TwoPhase<BinaryAlphaPhase1>>,
     pub mul: Option<TwoPhase<BinaryPhase1>>,
@@ -213,7 +218,16 @@ impl Aclnn {
         else {
             return Err(format!("{} lacks aclCreateTensor / aclCreateScalar", paths[0].display()));
         };
+        // SAFETY: the prototypes of `aclnn/acl_meta.h`.
+        let (set_repeatable, destroy_executor) = unsafe {
+            (
+                symbol::<ExecutorFn>(&libraries, "aclSetAclOpExecutorRepeatable"),
+                symbol::<ExecutorFn>(&libraries, "aclDestroyAclOpExecutor"),
+            )
+        };
         Ok(Aclnn {
+            set_repeatable,
+            destroy_executor,
             add: two_phase!("aclnnAdd", BinaryAlphaPhase1),
             sub: two_phase!("aclnnSub", BinaryAlphaPhase1),
             mul: two_phase!("aclnnMul", BinaryPhase1),
@@ -296,9 +310,22 @@ impl Aclnn {
         if code != 0 {
             return Err(driver_error(acl, device, phase1_name(name), code));
         }
-        // A non-repeatable executor is consumed by phase 2 only: if the workspace cannot be
-        // had, it stays with the library (documented: only repeatable ones may be destroyed).
-        let block = workspace(size as usize)?;
+        let block = match workspace(size as usize) {
+            Ok(block) => block,
+            Err(error) => {
+                // Phase 2 will not run to consume the executor: made repeatable (right after
+                // phase 1, as documented), it may be destroyed by us instead of leaking.
+                if let (Some(repeatable), Some(destroy)) = (self.set_repeatable, self.destroy_executor) {
+                    // SAFETY: the live executor phase 1 just made, never handed to phase 2.
+                    unsafe {
+                        if repeatable(executor) == 0 {
+                            destroy(executor);
+                        }
+                    }
+                }
+                return Err(error);
+            }
+        };
         let (ptr, len) = block.as_ref().map_or((std::ptr::null_mut(), 0), |b| (b.ptr().0 as *mut c_void, size));
         // SAFETY: the executor phase 1 just made; the workspace is device memory of at least
         // `size` bytes, kept by the pool until the stream has passed this work.

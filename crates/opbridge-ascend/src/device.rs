@@ -40,6 +40,12 @@ pub struct Runtime {
     /// Set by [`crate::shutdown`] before `aclFinalize`: from then on nothing calls ACL (handles
     /// dropped later, by thread-local destructors, are left to the finalized driver).
     finalized: std::sync::atomic::AtomicBool,
+    /// The process that initialized ACL: a child made by `fork()` has none of the driver's
+    /// threads, so ACL is refused there (a clear error, never a hang).
+    fork_generation: u64,
+    /// Whether our `aclInit` did the initialization (100002: someone else in the process did,
+    /// e.g. torch_npu; then we must not finalize it under them).
+    owns_init: bool,
     /// The aclnn operator libraries, loaded on the first operator call.
     aclnn: std::sync::OnceLock<std::result::Result<crate::aclnn::Aclnn, String>>,
 }
@@ -48,10 +54,12 @@ impl Runtime {
     /// Loads the library, `aclInit`s it and counts the devices. A stub library (CANN's
     /// no-driver build, every call answering 100039) is an error, not a device.
     fn start() -> std::result::Result<Runtime, String> {
+        opbridge_runtime::fork::register(); // so a child made by fork() is told apart
         let acl = sys::load().map_err(|e| e.to_string())?;
         let path = acl.path.display().to_string();
         // SAFETY: NULL is the documented "no configuration file" argument.
         let code = unsafe { (acl.aclInit)(std::ptr::null()) };
+        let owns_init = code == sys::ACL_SUCCESS;
         match code {
             sys::ACL_SUCCESS | sys::ACL_ERROR_REPEAT_INITIALIZE => {}
             sys::ACL_ERROR_COMPILING_STUB_MODE => {
@@ -77,6 +85,8 @@ impl Runtime {
             soc,
             generation,
             finalized: Default::default(),
+            fork_generation: opbridge_runtime::fork::generation(),
+            owns_init,
             aclnn: Default::default(),
         })
     }
@@ -85,13 +95,21 @@ impl Runtime {
     /// device change).
     pub fn bind(&self, index: usize) -> Result<()> {
         let wanted = (self.generation, index as i32);
-        if CURRENT.with(Cell::get) == wanted && !self.is_finalized() {
+        if CURRENT.with(Cell::get) == wanted && !self.is_finalized() && !self.forked() {
             return Ok(());
         }
         if self.is_finalized() {
             return Err(Error::Unavailable {
                 device: ascend(index),
                 reason: "ACL was finalized (the process is ending)".into(),
+            });
+        }
+        if self.forked() {
+            return Err(Error::Unavailable {
+                device: ascend(index),
+                reason: "ACL cannot be used in a child made by fork() after the parent used it (the driver's \
+                         threads are not in the child); use the 'spawn' start method"
+                    .into(),
             });
         }
         // SAFETY: plain integer argument; ACL checks the range.
@@ -111,8 +129,14 @@ impl Runtime {
     }
 
     /// `aclFinalize`, once; ACL is not called again by this process.
+    /// True in a child made by `fork()` after ACL was initialized.
+    pub fn forked(&self) -> bool {
+        opbridge_runtime::fork::generation() != self.fork_generation
+    }
+
     fn finalize(&self) -> Result<()> {
-        if self.finalized.swap(true, Ordering::AcqRel) {
+        // A fork's child, or an ACL someone else initialized: not ours to finalize.
+        if self.finalized.swap(true, Ordering::AcqRel) || self.forked() || !self.owns_init {
             return Ok(());
         }
         // SAFETY: no arguments; every handle this crate holds is released or never used again.
@@ -166,6 +190,9 @@ impl AscendBackend {
         let Some(runtime) = self.runtime.lock().unwrap_or_else(|p| p.into_inner()).clone() else {
             return Ok(());
         };
+        if runtime.forked() {
+            return Ok(()); // nothing of the parent's driver state is usable here
+        }
         let opened: Vec<Arc<AscendDevice>> = self.opened.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let mut first = Ok(());
         for device in &opened {

@@ -81,6 +81,9 @@ impl EventBackend for AscendEvent {
         if let Some(query) = acl.aclrtQueryEventStatus {
             // SAFETY: a live event and a valid out-pointer.
             let code = unsafe { query(self.raw, &mut status) };
+            if code != sys::ACL_SUCCESS {
+                acl.recent_message(); // read and cleared: not left for the next error
+            }
             return code == sys::ACL_SUCCESS && status == sys::ACL_EVENT_RECORDED_STATUS_COMPLETE;
         }
         if let Some(query) = acl.aclrtQueryEvent {
@@ -93,9 +96,8 @@ impl EventBackend for AscendEvent {
     }
 
     fn elapsed_ms(&self, end: &dyn EventBackend) -> Result<f64> {
-        let end = end.as_any().downcast_ref::<AscendEvent>().ok_or_else(|| Error::Device {
-            device: self.device(),
-            message: "elapsed time between events of different devices".into(),
+        let end = end.as_any().downcast_ref::<AscendEvent>().filter(|e| e.index == self.index).ok_or_else(|| {
+            Error::Device { device: self.device(), message: "elapsed time between events of different devices".into() }
         })?;
         if !self.recorded.load(Ordering::Acquire) || !end.recorded.load(Ordering::Acquire) {
             return Err(Error::Device {

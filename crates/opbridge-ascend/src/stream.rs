@@ -215,10 +215,19 @@ impl StreamBackend for AscendStream {
     }
 
     fn drain(&self) -> Result<()> {
-        if let Err(error) = self.wait() {
-            self.pending.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(async_error(error));
+        match self.wait() {
+            // A failed task (5xxxxx codes) is the stream's error: kept for its next synchronize.
+            Err(error @ Error::Driver { code: 500_000.., .. }) => {
+                self.pending.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(async_error(error));
+                Ok(())
+            }
+            // The wait itself was refused (e.g. from inside a host function): the caller's error.
+            other => other,
         }
-        Ok(())
+    }
+
+    fn orphaned(&self) -> bool {
+        self.runtime.forked()
     }
 
     fn query(&self) -> bool {
@@ -231,7 +240,11 @@ impl StreamBackend for AscendStream {
         let mut status: c_int = 0;
         // SAFETY: a live stream and a valid out-pointer.
         let code = unsafe { query(self.raw, &mut status) };
-        code == sys::ACL_SUCCESS && status == sys::ACL_STREAM_STATUS_COMPLETE
+        if code != sys::ACL_SUCCESS {
+            self.runtime.acl.recent_message(); // read and cleared: not left for the next error
+            return false;
+        }
+        status == sys::ACL_STREAM_STATUS_COMPLETE
     }
 }
 

@@ -174,7 +174,10 @@ const LIBRARY_NAMES: [&str; 2] = ["libacl_rt.so", "libascendcl.so"];
 fn search_folders() -> Vec<(PathBuf, &'static str)> {
     let mut folders = Vec::new();
     if let Some(dir) = std::env::var_os("OPBRIDGE_ASCEND_LIB_DIR").filter(|d| !d.is_empty()) {
+        // An explicit choice (the test double, or one CANN of several): that folder only, so
+        // a wrong path is an error, never a silent fallback to another installation.
         folders.push((PathBuf::from(dir), "OPBRIDGE_ASCEND_LIB_DIR"));
+        return folders;
     }
     for variable in ["ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME"] {
         if let Some(home) = std::env::var_os(variable).filter(|d| !d.is_empty()) {
@@ -214,8 +217,14 @@ pub fn load() -> Result<Acl, NotLoaded> {
             }
         }
     }
-    // Last, the bare names: the system loader's own search (LD_LIBRARY_PATH, ld.so.cache).
-    candidates.extend(LIBRARY_NAMES.iter().map(PathBuf::from));
+    // Last, the bare names: the system loader's own search (LD_LIBRARY_PATH, ld.so.cache),
+    // unless a folder was named explicitly.
+    let explicit = std::env::var_os("OPBRIDGE_ASCEND_LIB_DIR").is_some_and(|d| !d.is_empty());
+    // Files that exist but fail to load are "could not be loaded", not "not found".
+    let found = !candidates.is_empty();
+    if !explicit {
+        candidates.extend(LIBRARY_NAMES.iter().map(PathBuf::from));
+    }
     for path in candidates {
         // SAFETY: loading runs the library's initializers; an ACL runtime library (or the test
         // double, chosen explicitly) is what these paths name.
@@ -241,6 +250,10 @@ pub fn load() -> Result<Acl, NotLoaded> {
             Err(reason) => tried.push(reason),
         }
     }
-    let reason = format!("{} not found", LIBRARY_NAMES.join(" or "));
+    let reason = match (found, explicit) {
+        (true, _) => format!("{} could not be loaded", LIBRARY_NAMES.join(" or ")),
+        (false, true) => format!("{} not found in OPBRIDGE_ASCEND_LIB_DIR", LIBRARY_NAMES.join(" or ")),
+        (false, false) => format!("{} not found", LIBRARY_NAMES.join(" or ")),
+    };
     Err(NotLoaded { reason, tried })
 }

@@ -123,7 +123,11 @@ pub(crate) fn launch(
     let done = Tensor::enqueue_event(stream, &reads, &writes, |stream| {
         kernel.enqueue(&DeviceCall { op: &schema.name, attrs, inputs: &call_inputs, outputs: &writes, stream, alloc })
     })
-    .map_err(|e| OpError::Device { op: op(), message: e.to_string() })?;
+    .map_err(|e| match e.kind() {
+        // Out of memory for the workspace stays out of memory (the caller may free and retry).
+        opbridge_runtime::ErrorKind::OutOfMemory => OpError::Runtime(e),
+        _ => OpError::Device { op: op(), message: e.to_string() },
+    })?;
     entry.track(done);
     let site = CALL_SITE.with(|c| c.borrow_mut().take());
     stream.note_launch(match site {

@@ -174,6 +174,13 @@ impl PyTensor {
                 target.as_ref().map_or(Ok(String::new()), |t| t.str().map(|s| s.to_string()))?
             )));
         }
+        let device = slf.get().inner.device();
+        if copy == Some(false) && !DeviceContext::get(device).map_err(to_pyerr)?.device().host_accessible() {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "Unable to avoid copy while creating an array as requested: the tensor is on {device}, whose \
+                 memory is not host memory (copy=False)"
+            )));
+        }
         let view = Self::numpy(slf)?.into_any();
         match (convert, copy) {
             // astype always returns a new array unless told copy=False.
@@ -347,6 +354,10 @@ pub fn asarray<'py>(
         let inner = &tensor.get().inner;
         if inner.device() == target && wanted.is_none_or(|d| d == inner.dtype()) {
             return Ok(tensor.clone());
+        }
+        if inner.device() != target && wanted.is_none_or(|d| d == inner.dtype()) {
+            // Another device: a copy, as `.to(device)` makes.
+            return PyTensor::to(tensor, &target.to_string());
         }
     }
     // With a dtype, objects numpy must convert (lists, scalars, buffers, arrays of a dtype

@@ -58,6 +58,9 @@ struct Access {
     /// Set by the last writing kernel if it failed: host reads report it instead of returning
     /// whatever the failed kernel left in memory.
     failure: Option<Arc<Mutex<Option<AsyncError>>>>,
+    /// The stream of the last writing device work (a vendor kernel or copy): the driver reports
+    /// its failure only at that stream's synchronize, so readers synchronize it.
+    writer: Option<Stream>,
 }
 
 /// An n-dimensional array on a device. Not `Clone`: device memory is never duplicated
@@ -301,6 +304,7 @@ impl Tensor {
             let mut access = tensor.lock_access();
             access.reads.retain(|(_, e)| !e.query());
             access.write = Some((stream.id(), done.clone()));
+            access.writer = failure.is_none().then(|| stream.clone());
             access.failure = failure.clone();
         }
         Ok(done)
@@ -341,12 +345,16 @@ impl Tensor {
 
     /// Blocks until all enqueued work writing this tensor is done (before host reads).
     pub fn wait_ready(&self) -> Result<()> {
-        let (pending, failure) = {
+        let (pending, failure, writer) = {
             let access = self.lock_access();
-            (access.write.clone(), access.failure.clone())
+            (access.write.clone(), access.failure.clone(), access.writer.clone())
         };
         if let Some((_, event)) = &pending {
             event.synchronize()?;
+        }
+        if let Some(writer) = writer {
+            // Device work: a failed kernel is only known to its stream.
+            writer.synchronize()?;
         }
         match failure.and_then(|f| f.lock().unwrap_or_else(|p| p.into_inner()).clone()) {
             // "asynchronous error on cpu:0 stream 3, in the work that wrote this tensor: ..."

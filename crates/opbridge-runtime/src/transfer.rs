@@ -52,6 +52,8 @@ impl Tensor {
             Tensor::enqueue_event(stream, &[self], &[], |s| s.copy(dst, src, len, CopyKind::DeviceToHost))?;
             return stream.synchronize();
         }
+        // A failure of the device work that wrote the tensor is reported, not its leftovers.
+        self.wait_ready()?;
         let staging = ctx.pinned_pool().allocate(len, StreamId::HOST)?;
         staging.record_use(stream);
         let dst = staging.ptr();

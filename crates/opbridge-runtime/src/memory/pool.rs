@@ -372,13 +372,16 @@ impl MemoryPool {
         let small = is_small(size);
         let preferred = Self::segment_size(size);
         let fits = |bytes: usize| state.limit.is_none_or(|l| state.stats.reserved_bytes_current + bytes <= l);
-        // Under a tight limit, a segment of exactly the request beats failing.
-        let seg_size = [preferred, size].into_iter().find(|&s| fits(s))?;
-        let base = match self.source {
-            Source::Device => self.device.allocate_raw(seg_size),
-            Source::Pinned => self.device.allocate_pinned(seg_size),
-        }
-        .ok()?;
+        // Under a tight limit, or when the device cannot give a whole segment, a segment of
+        // exactly the request beats failing.
+        let sizes: &[usize] = if preferred == size { &[size] } else { &[preferred, size] };
+        let (seg_size, base) = sizes.iter().copied().filter(|&s| fits(s)).find_map(|seg_size| {
+            let base = match self.source {
+                Source::Device => self.device.allocate_raw(seg_size),
+                Source::Pinned => self.device.allocate_pinned(seg_size),
+            };
+            base.ok().map(|base| (seg_size, base))
+        })?;
         let addr = base.0;
         state.segments.insert(addr, Segment { size: seg_size, stream });
         state.blocks.insert(addr, BlockInfo { size: seg_size, segment: addr, stream, small, allocated: false });
