@@ -360,7 +360,7 @@ mod tests {
         assert_eq!(padded(1), Some(64));
         assert_eq!(padded(32), Some(64));
         assert_eq!(padded(33), Some(96));
-        assert_eq!(padded(512), Some(576));
+        assert_eq!(padded(512), Some(544));
         assert_eq!(padded(usize::MAX - 10), None);
     }
 }
