@@ -40,7 +40,8 @@ pub fn acl_dtype(dtype: DType) -> c_int {
 /// Phase 2 of every operator.
 pub type Phase2 =
     unsafe extern "C" fn(workspace: *mut c_void, size: u64, executor: *mut Executor, stream: RawStream) -> AclStatus;
-type WorkspaceOut = (*mut u64, *mut *mut Executor);
+/// Phase 1's out-pointers: the workspace size and the executor.
+pub type WorkspaceOut = (*mut u64, *mut *mut Executor);
 /// `aclnnXxxGetWorkspaceSize` of binary operators with an `alpha` (Add, Sub).
 pub type BinaryAlphaPhase1 = unsafe extern "C" fn(
     a: *const AclTensor,

@@ -17,9 +17,9 @@
 use opbridge_ops::device::{DeviceCall, DeviceKernel};
 use opbridge_runtime::{DeviceKind, Error, Result, Tensor};
 
-use crate::aclnn::{acl_dtype, Aclnn, Descriptor};
+use crate::aclnn::{acl_dtype, Aclnn, Descriptor, Phase2, WorkspaceOut};
 use crate::device::Runtime;
-use crate::sys::Acl;
+use crate::sys::{Acl, AclStatus};
 
 /// Which aclnn operator a kernel calls.
 #[derive(Debug, Clone, Copy)]
@@ -106,21 +106,20 @@ impl DeviceKernel for Kernel {
             })
         };
         let describe = |k: usize| -> Result<Descriptor<'_>> { aclnn.describe(acl, input(call, k)?) };
+        // Both phases of one aclnn operator on the call's stream, the workspace from its pool.
+        let launch = |op: (&'static str, Phase2), phase1: &mut dyn FnMut(WorkspaceOut) -> AclStatus| {
+            aclnn.run(acl, device, op, stream, phase1, workspace)
+        };
         match self {
             Kernel::Add | Kernel::Sub => {
-                let op = if matches!(self, Kernel::Add) { aclnn.add } else { aclnn.sub };
-                let op =
-                    op.ok_or_else(|| missing(if matches!(self, Kernel::Add) { "aclnnAdd" } else { "aclnnSub" }))?;
+                let (op, name) =
+                    if matches!(self, Kernel::Add) { (aclnn.add, "aclnnAdd") } else { (aclnn.sub, "aclnnSub") };
+                let op = op.ok_or_else(|| missing(name))?;
                 let (a, b, alpha) = (describe(0)?, describe(1)?, aclnn.one(out.dtype()));
-                aclnn.run(
-                    acl,
-                    device,
-                    (op.name, op.phase2),
-                    stream,
-                    // SAFETY: live descriptors and out-pointers, the prototype of aclnn_add.h.
-                    |(size, exec)| unsafe { (op.phase1)(a.raw(), b.raw(), alpha.raw(), out_desc.raw(), size, exec) },
-                    workspace,
-                )
+                // SAFETY: live descriptors and out-pointers, the prototype of aclnn_add.h.
+                launch((op.name, op.phase2), &mut |(size, exec)| unsafe {
+                    (op.phase1)(a.raw(), b.raw(), alpha.raw(), out_desc.raw(), size, exec)
+                })
             }
             Kernel::Mul | Kernel::Div | Kernel::Maximum | Kernel::Minimum | Kernel::Pow => {
                 let (op, name) = match self {
@@ -132,56 +131,35 @@ impl DeviceKernel for Kernel {
                 };
                 let op = op.ok_or_else(|| missing(name))?;
                 let (a, b) = (describe(0)?, describe(1)?);
-                aclnn.run(
-                    acl,
-                    device,
-                    (op.name, op.phase2),
-                    stream,
-                    // SAFETY: live descriptors and out-pointers, the prototype of aclnn_mul.h & co.
-                    |(size, exec)| unsafe { (op.phase1)(a.raw(), b.raw(), out_desc.raw(), size, exec) },
-                    workspace,
-                )
+                // SAFETY: live descriptors and out-pointers, the prototype of aclnn_mul.h & co.
+                launch((op.name, op.phase2), &mut |(size, exec)| unsafe {
+                    (op.phase1)(a.raw(), b.raw(), out_desc.raw(), size, exec)
+                })
             }
             Kernel::Cast => {
                 let op = aclnn.cast.ok_or_else(|| missing("aclnnCast"))?;
-                let a = describe(0)?;
-                let dtype = acl_dtype(out.dtype());
-                aclnn.run(
-                    acl,
-                    device,
-                    (op.name, op.phase2),
-                    stream,
-                    // SAFETY: live descriptors and out-pointers, the prototype of aclnn_cast.h.
-                    |(size, exec)| unsafe { (op.phase1)(a.raw(), dtype, out_desc.raw(), size, exec) },
-                    workspace,
-                )
+                let (a, dtype) = (describe(0)?, acl_dtype(out.dtype()));
+                // SAFETY: live descriptors and out-pointers, the prototype of aclnn_cast.h.
+                launch((op.name, op.phase2), &mut |(size, exec)| unsafe {
+                    (op.phase1)(a.raw(), dtype, out_desc.raw(), size, exec)
+                })
             }
             Kernel::Contiguous => {
                 let op = aclnn.copy.ok_or_else(|| missing("aclnnInplaceCopy"))?;
                 let a = describe(0)?;
-                aclnn.run(
-                    acl,
-                    device,
-                    (op.name, op.phase2),
-                    stream,
-                    // SAFETY: live descriptors and out-pointers, the prototype of aclnn_copy.h.
-                    |(size, exec)| unsafe { (op.phase1)(out_desc.raw(), a.raw(), size, exec) },
-                    workspace,
-                )
+                // SAFETY: live descriptors and out-pointers, the prototype of aclnn_copy.h.
+                launch((op.name, op.phase2), &mut |(size, exec)| unsafe {
+                    (op.phase1)(out_desc.raw(), a.raw(), size, exec)
+                })
             }
             Kernel::Matmul => {
                 let op = aclnn.matmul.ok_or_else(|| missing("aclnnMatmul"))?;
                 let (a, b) = (describe(0)?, describe(1)?);
-                aclnn.run(
-                    acl,
-                    device,
-                    (op.name, op.phase2),
-                    stream,
-                    // SAFETY: live descriptors and out-pointers, the prototype of aclnn_matmul.h;
-                    // cubeMathType 0 = KEEP_DTYPE.
-                    |(size, exec)| unsafe { (op.phase1)(a.raw(), b.raw(), out_desc.raw(), 0, size, exec) },
-                    workspace,
-                )
+                // SAFETY: live descriptors and out-pointers, the prototype of aclnn_matmul.h;
+                // cubeMathType 0 = KEEP_DTYPE.
+                launch((op.name, op.phase2), &mut |(size, exec)| unsafe {
+                    (op.phase1)(a.raw(), b.raw(), out_desc.raw(), 0, size, exec)
+                })
             }
         }
     }
