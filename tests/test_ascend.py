@@ -470,6 +470,77 @@ def test_injected_kernel_failure_names_the_op_and_the_stream_recovers() -> None:
     assert lines[1] == str([1.0] * 8)
 
 
+EXECUTOR_COUNT = """
+import ctypes, os
+nn = ctypes.CDLL(os.path.join(os.environ["OPBRIDGE_ASCEND_LIB_DIR"], "libnnopbase.so"))
+def executors():
+    t, s, e = ctypes.c_uint64(), ctypes.c_uint64(), ctypes.c_uint64()
+    assert nn.acldoubleAclnnOutstanding(ctypes.byref(t), ctypes.byref(s), ctypes.byref(e)) == 0
+    return e.value
+"""
+
+
+def test_calls_of_one_layout_reuse_one_executor_at_new_addresses() -> None:
+    done = run_python(
+        EXECUTOR_COUNT
+        + """
+import numpy as np, opbridge as ob
+rng = np.random.default_rng(7)
+for i in range(200):          # fresh tensors each time: new addresses, one layout
+    a, b = rng.standard_normal(33).astype(np.float32), rng.standard_normal(33).astype(np.float32)
+    x, y = ob.asarray(a, device="ascend:0"), ob.asarray(b, device="ascend:0")
+    assert np.array_equal(ob.ops.add(x, y).numpy(), a + b), i
+    assert np.array_equal(ob.ops.mul(x, y).numpy(), a * b), i
+print("same layout:", executors())
+for n in range(1, 150):       # more layouts than a thread keeps
+    x = ob.asarray(np.ones(n, np.float32), device="ascend:0")
+    assert ob.ops.add(x, x).numpy().tolist() == [2.0] * n
+print("many layouts:", executors())
+""",
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.split()
+    assert lines[:3] == ["same", "layout:", "2"], done.stdout  # one add, one mul executor
+    assert int(lines[-1]) <= 64, done.stdout  # the thread's cache is bounded
+
+
+def test_the_executor_cache_can_be_turned_off() -> None:
+    done = run_python(
+        EXECUTOR_COUNT
+        + """
+import numpy as np, opbridge as ob
+x = ob.asarray(np.ones(8, np.float32), device="ascend:0")
+for _ in range(10):
+    assert ob.ops.add(x, x).numpy().tolist() == [2.0] * 8
+print(executors())
+""",
+        OPBRIDGE_ASCEND_EXECUTOR_CACHE="0",
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "0"
+
+
+def test_a_refused_reuse_forgets_the_cached_executor() -> None:
+    done = run_python(
+        EXECUTOR_COUNT
+        + """
+import numpy as np, opbridge as ob
+x = ob.asarray(np.ones(8, np.float32), device="ascend:0")
+assert ob.ops.add(x, x).numpy().tolist() == [2.0] * 8   # both phases; the executor is kept
+try:
+    ob.ops.add(x, x)                                      # reuse: the driver refuses it
+except ob.DeviceError as e:
+    print("refused:", e)
+print(ob.ops.add(x, x).numpy().tolist(), executors())    # a new executor serves; the old one is gone
+""",
+        ACLDOUBLE_FAIL="aclSetInputTensorAddr:1",
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert lines[0].startswith("refused:") and "aclSetInputTensorAddr" in lines[0], lines
+    assert lines[1] == f"{[2.0] * 8} 1"
+
+
 def test_launch_blocking_reports_the_failure_at_the_call() -> None:
     done = run_python(
         """

@@ -635,3 +635,53 @@ def test_threads_on_their_own_streams(libdir):
         finish()
         """,
     )
+
+
+def test_repeatable_executor_pointed_at_new_addresses(libdir):
+    run_scenario(
+        libdir,
+        """
+        for f in ("aclSetInputTensorAddr", "aclSetOutputTensorAddr"):
+            getattr(nn, f).argtypes = [P, ctypes.c_size_t, P, P]
+        a, b = np.arange(8, dtype=np.float32), np.full(8, 10, np.float32)
+        pa, ta = dev_tensor(a)
+        pb, tb = dev_tensor(b)
+        po = dmalloc(32)
+        to = tensor(po, (8,), np.float32)
+        ws, ex = U64(0), P()
+        assert math_.aclnnMulGetWorkspaceSize(P(ta), P(tb), P(to), ctypes.byref(ws), ctypes.byref(ex)) == 0
+        # not repeatable yet: refused (double-only), and phase 2 still consumes it
+        assert nn.aclSetInputTensorAddr(ex, 0, ta, pa) == 161002
+        assert "not repeatable" in nn.acldoubleAclnnLastErrMsg().decode()
+        assert math_.aclnnMul(None, U64(0), ex, STREAM) == 0
+        assert math_.aclnnMulGetWorkspaceSize(P(ta), P(tb), P(to), ctypes.byref(ws), ctypes.byref(ex)) == 0
+        assert nn.aclSetAclOpExecutorRepeatable(ex) == 0
+        assert math_.aclnnMul(None, U64(0), ex, STREAM) == 0
+        assert rt.aclrtSynchronizeStream(STREAM) == 0
+        assert np.array_equal(download(po, (8,), np.float32), a * b)
+        # new storage for input 1 and the output: phase 2 alone computes there
+        c = np.full(8, -2, np.float32)
+        pc = upload(c)
+        po2 = dmalloc(32)
+        assert nn.aclSetInputTensorAddr(ex, 1, tb, pc) == 0
+        assert nn.aclSetOutputTensorAddr(ex, 0, to, po2) == 0
+        assert math_.aclnnMul(None, U64(0), ex, STREAM) == 0
+        assert rt.aclrtSynchronizeStream(STREAM) == 0
+        assert np.array_equal(download(po2, (8,), np.float32), a * c)
+        assert np.array_equal(download(po, (8,), np.float32), a * b)   # the old output untouched
+        # refusals: NULL, an index past the operator's tensors, unaligned, not device memory
+        assert nn.aclSetInputTensorAddr(None, 0, ta, pa) == 561103
+        assert nn.aclSetInputTensorAddr(ex, 0, None, pa) == 561103
+        assert nn.aclSetInputTensorAddr(ex, 2, ta, pa) == 161002
+        assert nn.aclSetOutputTensorAddr(ex, 1, to, po) == 161002
+        assert nn.aclSetInputTensorAddr(ex, 0, ta, pa + 4) == 161002
+        host = np.zeros(64, np.float32)
+        assert nn.aclSetInputTensorAddr(ex, 0, ta, (host.ctypes.data + 31) & ~31) == 161002
+        assert "device allocation" in nn.acldoubleAclnnLastErrMsg().decode()
+        assert nn.aclDestroyAclOpExecutor(ex) == 0
+        assert nn.aclSetInputTensorAddr(ex, 0, ta, pa) == 161002   # a dead executor
+        for t in (ta, tb, to):
+            assert nn.aclDestroyTensor(t) == 0
+        finish()
+        """,
+    )

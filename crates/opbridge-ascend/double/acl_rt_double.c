@@ -116,7 +116,7 @@ typedef struct stream {
 } stream;
 
 typedef struct event {
-    struct event *next_all;
+    struct event *next_all, *prev_all;
     int device;
     uint32_t flags;
     int with_flag; /* created by a WithFlag API: SYNC must be asked for */
@@ -153,6 +153,68 @@ static int g_shutdown;
 static device g_dev[MAX_DEVICES];
 static stream *g_streams;
 static event *g_events;
+
+/* A set of live handles (open addressing, linear probing, tombstones): checking an event handle
+ * costs O(1) however many events exist (a program may keep thousands). */
+typedef struct {
+    uintptr_t *slots; /* 0 empty, 1 tombstone, else a handle */
+    size_t cap, used, live;
+} ptrset;
+static ptrset g_live_events;
+
+static size_t ps_slot(uintptr_t p, size_t cap) {
+    p ^= p >> 33;
+    p *= 0xff51afd7ed558ccdULL;
+    p ^= p >> 33;
+    return (size_t)p & (cap - 1);
+}
+
+static int ps_contains(const ptrset *set, const void *p) {
+    if (!set->cap) return 0;
+    for (size_t i = ps_slot((uintptr_t)p, set->cap);; i = (i + 1) & (set->cap - 1)) {
+        if (set->slots[i] == (uintptr_t)p) return 1;
+        if (set->slots[i] == 0) return 0;
+    }
+}
+
+static int ps_insert(ptrset *set, const void *p) {
+    if ((set->used + 1) * 2 > set->cap) { /* rehash: drop tombstones, keep the load under 1/2 */
+        size_t cap = 64;
+        while (cap < (set->live + 1) * 4) cap *= 2;
+        uintptr_t *slots = calloc(cap, sizeof *slots);
+        if (!slots) return -1;
+        for (size_t k = 0; k < set->cap; k++) {
+            uintptr_t v = set->slots[k];
+            if (v > 1) {
+                size_t i = ps_slot(v, cap);
+                while (slots[i]) i = (i + 1) & (cap - 1);
+                slots[i] = v;
+            }
+        }
+        free(set->slots);
+        set->slots = slots;
+        set->cap = cap;
+        set->used = set->live;
+    }
+    size_t i = ps_slot((uintptr_t)p, set->cap);
+    while (set->slots[i] > 1) i = (i + 1) & (set->cap - 1);
+    if (set->slots[i] == 0) set->used++;
+    set->slots[i] = (uintptr_t)p;
+    set->live++;
+    return 0;
+}
+
+static void ps_remove(ptrset *set, const void *p) {
+    if (!set->cap) return;
+    for (size_t i = ps_slot((uintptr_t)p, set->cap);; i = (i + 1) & (set->cap - 1)) {
+        if (set->slots[i] == 0) return;
+        if (set->slots[i] == (uintptr_t)p) {
+            set->slots[i] = 1;
+            set->live--;
+            return;
+        }
+    }
+}
 static reporter *g_reporters;
 static block *g_host_blocks;
 static uint64_t g_tasks_executed;
@@ -396,9 +458,9 @@ static void unref_event(event *e) {
     if (!e) return;
     e->refs--;
     if (e->destroyed && e->refs == 0) {
-        event **pp = &g_events;
-        while (*pp && *pp != e) pp = &(*pp)->next_all;
-        if (*pp) *pp = e->next_all;
+        if (e->prev_all) e->prev_all->next_all = e->next_all;
+        else g_events = e->next_all;
+        if (e->next_all) e->next_all->prev_all = e->prev_all;
         free(e);
     }
 }
@@ -467,7 +529,7 @@ static void enqueue(stream *s, task *t) {
     else
         s->head = t;
     s->tail = t;
-    s->enq++;
+    __atomic_add_fetch(&s->enq, 1, __ATOMIC_RELEASE); /* read unlocked by a polling worker */
     pthread_cond_signal(&s->cv);
 }
 
@@ -574,11 +636,41 @@ static int exec_task(stream *s, task *t, char *msg, size_t cap) {
 
 static int counts_as_work(int kind) { return kind == T_COPY || kind == T_MEMSET || kind == T_KERNEL; }
 
+/* How long an idle worker polls its queue before it sleeps. A device polls its queue: a host
+ * launching back to back should not pay a thread wake-up (a futex call and a context switch, a
+ * few microseconds) per launch, which no NPU costs. */
+#define WORKER_POLL_NS 50000
+
+/* Polls (g_lock not held) until work was enqueued beyond `seen`, the stream quits, or the poll
+ * time is over. */
+static void poll_queue(stream *s, uint64_t seen) {
+    struct timespec began, at;
+    clock_gettime(CLOCK_MONOTONIC, &began);
+    for (unsigned i = 1;; i++) {
+        if (__atomic_load_n(&s->enq, __ATOMIC_ACQUIRE) != seen || __atomic_load_n(&s->quit, __ATOMIC_ACQUIRE)) return;
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#elif defined(__aarch64__)
+        __asm__ volatile("yield");
+#endif
+        if (i % 64 == 0) {
+            clock_gettime(CLOCK_MONOTONIC, &at);
+            if ((at.tv_sec - began.tv_sec) * 1000000000L + (at.tv_nsec - began.tv_nsec) > WORKER_POLL_NS) return;
+        }
+    }
+}
+
 static void *worker_main(void *arg) {
     stream *s = arg;
     t_worker = s;
     pthread_mutex_lock(&g_lock);
     for (;;) {
+        if (!s->head && !s->quit) {
+            uint64_t seen = s->enq;
+            pthread_mutex_unlock(&g_lock);
+            poll_queue(s, seen);
+            pthread_mutex_lock(&g_lock);
+        }
         while (!s->head && !s->quit) pthread_cond_wait(&s->cv, &g_lock);
         if (!s->head) break;
         task *t = s->head;
@@ -659,7 +751,7 @@ static aclError take_stream_error(const char *func, stream *s) {
 
 /* stop the worker and free the stream (lock held; the lock is dropped while joining) */
 static void stream_free(stream *s) {
-    s->quit = 1;
+    __atomic_store_n(&s->quit, 1, __ATOMIC_RELEASE);
     pthread_cond_signal(&s->cv);
     stream **pp = &g_streams;
     while (*pp && *pp != s) pp = &(*pp)->next_all;
@@ -844,6 +936,8 @@ static void do_finalize(void) {
         g_events = x->next_all;
         free(x);
     }
+    free(g_live_events.slots);
+    memset(&g_live_events, 0, sizeof g_live_events);
     while (g_reporters) {
         reporter *r = g_reporters;
         g_reporters = r->next;
@@ -1096,11 +1190,7 @@ EXPORT aclError aclrtSetStreamFailureMode(aclrtStream h, uint64_t mode) {
 }
 
 /* ------------------------------------------------------------------ events */
-static int event_known(event *e) {
-    for (event *x = g_events; x; x = x->next_all)
-        if (x == e && !x->destroyed) return 1;
-    return 0;
-}
+static int event_known(event *e) { return ps_contains(&g_live_events, e); }
 
 static aclError resolve_event(const char *F, aclrtEvent h, event **out) {
     event *e = (event *)h;
@@ -1124,11 +1214,15 @@ static aclError create_event(const char *F, aclrtEvent *out, uint32_t flags, int
     if (g_dev[dev].nevents >= MAX_EVENTS_PER_DEVICE)
         RET(fail(F, ACL_ERROR_RT_NO_EVENT_RESOURCE, "event limit %d reached on device %d", MAX_EVENTS_PER_DEVICE, dev));
     event *e = calloc(1, sizeof *e);
-    if (!e) RET(fail(F, ACL_ERROR_RT_NO_EVENT_RESOURCE, "out of host memory"));
+    if (!e || ps_insert(&g_live_events, e)) {
+        free(e);
+        RET(fail(F, ACL_ERROR_RT_NO_EVENT_RESOURCE, "out of host memory"));
+    }
     e->device = dev;
     e->flags = flags;
     e->with_flag = with_flag;
     e->next_all = g_events;
+    if (g_events) g_events->prev_all = e;
     g_events = e;
     g_dev[dev].nevents++;
     *out = e;
@@ -1151,6 +1245,7 @@ EXPORT aclError aclrtDestroyEvent(aclrtEvent h) {
     event *e;
     CHECK(resolve_event(F, h, &e));
     e->destroyed = 1;
+    ps_remove(&g_live_events, e);
     g_dev[e->device].nevents--;
     e->refs++;
     unref_event(e); /* frees now unless tasks still reference it */
@@ -1760,7 +1855,7 @@ EXPORT int acldouble_enqueue_kernel(void *sh, const char *name, int (*run)(void 
     INJECT(F);
     task *t = calloc(1, sizeof *t);
     t->kind = T_KERNEL;
-    snprintf(t->name, sizeof t->name, "%s", name ? name : "kernel");
+    strncpy(t->name, name ? name : "kernel", sizeof t->name - 1); /* calloc'd: stays terminated */
     t->run = run;
     t->data = ctx;
     t->release = release;

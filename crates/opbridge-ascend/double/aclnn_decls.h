@@ -63,6 +63,10 @@ ACLNN_API aclnnStatus aclnnInit(const char *configPath);
 ACLNN_API aclnnStatus aclnnFinalize(void);
 ACLNN_API aclnnStatus aclSetAclOpExecutorRepeatable(aclOpExecutor *executor);
 ACLNN_API aclnnStatus aclDestroyAclOpExecutor(aclOpExecutor *executor);
+ACLNN_API aclnnStatus aclSetInputTensorAddr(aclOpExecutor *executor, const size_t index, aclTensor *tensor,
+                                           void *addr);
+ACLNN_API aclnnStatus aclSetOutputTensorAddr(aclOpExecutor *executor, const size_t index, aclTensor *tensor,
+                                            void *addr);
 
 /* test-only (double) */
 ACLNN_API int acldoubleAclnnOutstanding(uint64_t *tensors, uint64_t *scalars, uint64_t *executors);

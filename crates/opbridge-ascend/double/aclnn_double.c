@@ -106,7 +106,7 @@ static void parse_fail_env(void) {
     char *copy = strdup(env), *save = NULL;
     if (!copy) return;
     for (char *tok = strtok_r(copy, ", ;\t\n", &save); tok; tok = strtok_r(NULL, ", ;\t\n", &save)) {
-        if (strncmp(tok, "aclnn", 5) != 0) continue;
+        if (strncmp(tok, "aclnn", 5) != 0 && strncmp(tok, "aclSet", 6) != 0) continue; /* the runtime's are aclrt* */
         char *c1 = strchr(tok, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL, *end;
         if (!c1) continue;
         *c1 = 0;
@@ -445,6 +445,72 @@ aclnnStatus aclDestroyAclOpExecutor(aclOpExecutor *executor) {
                                     : "executor %p is not live (already destroyed or run by phase 2) (double)",
                             (void *)executor);
     return rc;
+}
+
+/* aclSetInputTensorAddr / aclSetOutputTensorAddr: a repeatable executor's tensor `index` (inputs
+ * and outputs counted separately, tensors only, in the operator's parameter order) gets storage
+ * `addr`; so does `tensor`. The next phase 2 runs on the new address (phase 2 snapshots). */
+static aclnnStatus set_tensor_addr(const char *F, aclOpExecutor *executor, size_t index, aclTensor *tensor, void *addr,
+                                   int output) {
+    if (!executor || !tensor) {
+        acldoubleNnSetError(ACLNN_ERR_INNER_NULLPTR, F, "executor or tensor is NULL");
+        return ACLNN_ERR_INNER_NULLPTR;
+    }
+    if (tensor->magic != TENSOR_MAGIC) {
+        acldoubleNnSetError(ACLNN_ERR_PARAM_INVALID, F, "tensor %p is not a live aclTensor (double)", (void *)tensor);
+        return ACLNN_ERR_PARAM_INVALID;
+    }
+    int injected = acldoubleNnInjectFail(F);
+    if (injected) {
+        acldoubleNnSetError(injected, F, "failure injected by ACLDOUBLE_FAIL");
+        return injected;
+    }
+    if ((uintptr_t)addr % 32) {
+        acldoubleNnSetError(ACLNN_ERR_PARAM_INVALID, F,
+                            "addr %p is not 32-byte aligned (CANN: undefined error; refused by the double)", addr);
+        return ACLNN_ERR_PARAM_INVALID;
+    }
+    int isz = acldoubleNnDtypeSize(tensor->d.dtype);
+    size_t bytes = (size_t)(tensor->storage_elems ? tensor->storage_elems : 1) * (size_t)isz;
+    if (!acldouble_is_device_range(addr, tensor->storage_elems ? bytes : 1)) {
+        acldoubleNnSetError(ACLNN_ERR_PARAM_INVALID, F,
+                            "storage [%p, +%zu bytes) is not inside one live device allocation (refused by the double)",
+                            addr, bytes);
+        return ACLNN_ERR_PARAM_INVALID;
+    }
+    pthread_mutex_lock(&g_lock);
+    int st = exec_state(executor), rc = 0;
+    const char *why = NULL;
+    if (st != 1) {
+        rc = ACLNN_ERR_PARAM_INVALID;
+        why = "is not a live executor (already destroyed, or consumed by phase 2)";
+    } else if (!executor->repeatable) {
+        rc = ACLNN_ERR_PARAM_INVALID;
+        why = "is not repeatable (aclSetAclOpExecutorRepeatable first; double-only check)";
+    } else {
+        size_t inputs = (size_t)executor->desc.ntensors - 1;
+        size_t slot = output ? inputs + index : index;
+        if ((output && index >= 1) || (!output && index >= inputs)) {
+            rc = ACLNN_ERR_PARAM_INVALID;
+            why = "has no tensor at that index";
+        } else {
+            executor->desc.t[slot].data = addr;
+            tensor->d.data = addr;
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    if (rc)
+        acldoubleNnSetError(rc, F, "executor %p %s (%s index %zu)", (void *)executor, why, output ? "output" : "input",
+                            index);
+    return rc;
+}
+
+aclnnStatus aclSetInputTensorAddr(aclOpExecutor *executor, const size_t index, aclTensor *tensor, void *addr) {
+    return set_tensor_addr("aclSetInputTensorAddr", executor, index, tensor, addr, 0);
+}
+
+aclnnStatus aclSetOutputTensorAddr(aclOpExecutor *executor, const size_t index, aclTensor *tensor, void *addr) {
+    return set_tensor_addr("aclSetOutputTensorAddr", executor, index, tensor, addr, 1);
 }
 
 /* ------------------------------------------------------------------ number formats */

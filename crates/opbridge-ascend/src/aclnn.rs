@@ -11,10 +11,13 @@
 use std::ffi::{c_int, c_void};
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use libloading::Library;
 use opbridge_runtime::{DType, DeviceId, Error, Result, Tensor};
 
+use crate::device::Runtime;
+use crate::executors;
 use crate::result::driver_error;
 use crate::sys::{Acl, AclStatus, RawStream};
 
@@ -96,6 +99,10 @@ type DestroyTensor = unsafe extern "C" fn(tensor: *const AclTensor) -> AclStatus
 type CreateScalar = unsafe extern "C" fn(value: *mut c_void, dtype: c_int) -> *mut AclScalar;
 type DestroyScalar = unsafe extern "C" fn(scalar: *const AclScalar) -> AclStatus;
 type ExecutorFn = unsafe extern "C" fn(executor: *mut Executor) -> AclStatus;
+/// `aclSetInputTensorAddr` / `aclSetOutputTensorAddr`: a repeatable executor's tensor `index`
+/// (inputs and outputs counted apart) is pointed at new storage.
+type SetTensorAddr =
+    unsafe extern "C" fn(executor: *mut Executor, index: usize, tensor: *mut AclTensor, addr: *mut c_void) -> AclStatus;
 
 /// An operator's two phases.
 #[derive(Debug, Clone, Copy)]
@@ -118,6 +125,10 @@ pub struct Aclnn {
     /// phase 2 will not run (its workspace could not be had) is given back.
     set_repeatable: Option<ExecutorFn>,
     destroy_executor: Option<ExecutorFn>,
+    /// What reusing an executor takes besides the two above (older CANN lacks them: every
+    /// call then runs both phases).
+    set_input_addr: Option<SetTensorAddr>,
+    set_output_addr: Option<SetTensorAddr>,
     pub add: Option<TwoPhase<BinaryAlphaPhase1>>,
     pub sub: Option<TwoPhase<BinaryAlphaPhase1>>,
     pub mul: Option<TwoPhase<BinaryPhase1>>,
@@ -220,15 +231,19 @@ impl Aclnn {
             return Err(format!("{} lacks aclCreateTensor / aclCreateScalar", paths[0].display()));
         };
         // SAFETY: the prototypes of `aclnn/acl_meta.h`.
-        let (set_repeatable, destroy_executor) = unsafe {
+        let (set_repeatable, destroy_executor, set_input_addr, set_output_addr) = unsafe {
             (
                 symbol::<ExecutorFn>(&libraries, "aclSetAclOpExecutorRepeatable"),
                 symbol::<ExecutorFn>(&libraries, "aclDestroyAclOpExecutor"),
+                symbol::<SetTensorAddr>(&libraries, "aclSetInputTensorAddr"),
+                symbol::<SetTensorAddr>(&libraries, "aclSetOutputTensorAddr"),
             )
         };
         Ok(Aclnn {
             set_repeatable,
             destroy_executor,
+            set_input_addr,
+            set_output_addr,
             add: two_phase!("aclnnAdd", BinaryAlphaPhase1),
             sub: two_phase!("aclnnSub", BinaryAlphaPhase1),
             mul: two_phase!("aclnnMul", BinaryPhase1),
@@ -293,50 +308,179 @@ impl Aclnn {
         Scalar { aclnn: self, raw }
     }
 
-    /// Runs both phases of an operator on `stream`: `phase1` is called with the workspace size
-    /// and executor out-pointers; the workspace comes from `workspace` (the call's pool, for
-    /// the stream, so it can be freed as soon as the work is enqueued).
-    pub(crate) fn run(
+    /// Enqueues one operator call on `stream`: phase 1 (`phase1`, given the descriptors of
+    /// `call.tensors` and the alpha scalar) and phase 2 with a workspace from `workspace` (the
+    /// call's pool, for the stream, so it can be freed as soon as the work is enqueued). A call
+    /// whose layout this thread ran before reuses that executor and runs phase 2 alone
+    /// ([`crate::executors`]).
+    pub(crate) fn launch(
         &self,
-        acl: &Acl,
+        runtime: &Arc<Runtime>,
         device: DeviceId,
-        (name, phase2): (&'static str, Phase2),
+        call: &OpCall<'_>,
         stream: RawStream,
-        phase1: impl FnOnce(WorkspaceOut) -> AclStatus,
+        phase1: &mut dyn FnMut(&[*mut AclTensor], *mut AclScalar, WorkspaceOut) -> AclStatus,
         workspace: impl FnOnce(usize) -> Result<Option<opbridge_runtime::Buffer>>,
     ) -> Result<()> {
+        let acl = &runtime.acl;
+        let reusable = call.repeatable
+            && executors::enabled()
+            && self.set_repeatable.is_some()
+            && self.destroy_executor.is_some()
+            && self.set_input_addr.is_some()
+            && self.set_output_addr.is_some();
+        let key = executors::CallKey { op: call.name, device: device.index, extra: call.extra, tensors: call.tensors };
+        if reusable {
+            if let Some(cached) = executors::find(&key) {
+                return self.rerun(acl, device, &cached, call, stream, workspace);
+            }
+        }
+        let descriptors: Vec<Descriptor<'_>> =
+            call.tensors.iter().map(|t| self.describe(acl, t)).collect::<Result<_>>()?;
+        let alpha = call.alpha.map(|dtype| self.one(dtype));
+        let raw: Vec<*mut AclTensor> = descriptors.iter().map(Descriptor::raw).collect();
+        let alpha_raw = alpha.as_ref().map_or(std::ptr::null_mut(), Scalar::raw);
         let mut size = 0u64;
         let mut executor: *mut Executor = std::ptr::null_mut();
-        let code = phase1((&mut size, &mut executor));
+        let code = phase1(&raw, alpha_raw, (&mut size, &mut executor));
         if code != 0 {
-            return Err(driver_error(acl, device, phase1_name(name), code));
+            return Err(driver_error(acl, device, phase1_name(call.name), code));
         }
+        // Repeatable right after phase 1, as documented; an operator that refuses is run once.
+        let repeatable = reusable
+            && self.set_repeatable.is_some_and(|f| {
+                // SAFETY: the live executor phase 1 just made.
+                let code = unsafe { f(executor) };
+                if code != 0 {
+                    acl.recent_message(); // read and cleared: not left for the next error
+                }
+                code == 0
+            });
         let block = match workspace(size as usize) {
             Ok(block) => block,
             Err(error) => {
-                // Phase 2 will not run to consume the executor: made repeatable (right after
-                // phase 1, as documented), it may be destroyed by us instead of leaking.
-                if let (Some(repeatable), Some(destroy)) = (self.set_repeatable, self.destroy_executor) {
-                    // SAFETY: the live executor phase 1 just made, never handed to phase 2.
-                    unsafe {
-                        if repeatable(executor) == 0 {
-                            destroy(executor);
-                        }
-                    }
-                }
+                self.give_back(executor, repeatable);
                 return Err(error);
             }
         };
         let (ptr, len) = block.as_ref().map_or((std::ptr::null_mut(), 0), |b| (b.ptr().0 as *mut c_void, size));
         // SAFETY: the executor phase 1 just made; the workspace is device memory of at least
         // `size` bytes, kept by the pool until the stream has passed this work.
-        let code = unsafe { phase2(ptr, len, executor, stream) };
+        let code = unsafe { (call.phase2)(ptr, len, executor, stream) };
         drop(block);
         if code != 0 {
-            return Err(driver_error(acl, device, name, code));
+            if repeatable {
+                self.give_back(executor, true); // a repeatable executor outlives a failed phase 2
+            }
+            return Err(driver_error(acl, device, call.name, code));
+        }
+        if repeatable {
+            let tensors = descriptors.into_iter().map(Descriptor::into_raw).collect();
+            let scalar = alpha.map_or(std::ptr::null_mut(), Scalar::into_raw);
+            let cached = executors::Cached::new(Arc::clone(runtime), executor, tensors, scalar, call.phase2, size);
+            executors::insert(&key, cached);
         }
         Ok(())
     }
+
+    /// Phase 2 alone, on a cached executor pointed at this call's storage. An executor the
+    /// driver refuses is forgotten (the next such call makes a new one).
+    fn rerun(
+        &self,
+        acl: &Acl,
+        device: DeviceId,
+        cached: &Arc<executors::Cached>,
+        call: &OpCall<'_>,
+        stream: RawStream,
+        workspace: impl FnOnce(usize) -> Result<Option<opbridge_runtime::Buffer>>,
+    ) -> Result<()> {
+        let (Some(set_input), Some(set_output)) = (self.set_input_addr, self.set_output_addr) else {
+            return Err(Error::Device { device, message: "aclnn executor reuse is not available".into() });
+        };
+        let last = call.tensors.len() - 1;
+        for (index, tensor) in call.tensors.iter().enumerate() {
+            let (setter, name, slot) = if index < last {
+                (set_input, "aclSetInputTensorAddr", index)
+            } else {
+                (set_output, "aclSetOutputTensorAddr", 0)
+            };
+            // SAFETY: a live repeatable executor and the descriptor it was made with (same
+            // layout: the cache key); the storage base of a live device tensor.
+            let code = unsafe {
+                setter(cached.executor, slot, cached.tensors[index], tensor.storage().ptr().0 as *mut c_void)
+            };
+            if code != 0 {
+                let error = driver_error(acl, device, name, code);
+                executors::remove(cached);
+                return Err(error);
+            }
+        }
+        let block = workspace(cached.workspace as usize)?;
+        let (ptr, len) =
+            block.as_ref().map_or((std::ptr::null_mut(), 0), |b| (b.ptr().0 as *mut c_void, cached.workspace));
+        // SAFETY: a live repeatable executor pointed at this call's tensors; the workspace is
+        // device memory of the size its phase 1 asked for, kept until the stream passes it.
+        let code = unsafe { (cached.phase2)(ptr, len, cached.executor, stream) };
+        drop(block);
+        if code != 0 {
+            let error = driver_error(acl, device, call.name, code);
+            executors::remove(cached);
+            return Err(error);
+        }
+        Ok(())
+    }
+
+    /// Gives back an executor whose phase 2 will not run. A non-repeatable one is made
+    /// repeatable first (allowed right after phase 1), so that it may be destroyed by us.
+    fn give_back(&self, executor: *mut Executor, repeatable: bool) {
+        let (Some(make_repeatable), Some(destroy)) = (self.set_repeatable, self.destroy_executor) else { return };
+        // SAFETY: the live executor phase 1 made, not consumed by a phase 2.
+        unsafe {
+            if repeatable || make_repeatable(executor) == 0 {
+                destroy(executor);
+            }
+        }
+    }
+
+    /// Destroys a cached executor, then the descriptors and scalar it was made with.
+    ///
+    /// # Safety
+    /// Live handles made by this library, each destroyed once; the executor repeatable.
+    pub(crate) unsafe fn destroy_cached(
+        &self,
+        executor: *mut Executor,
+        tensors: &[*mut AclTensor],
+        scalar: *mut AclScalar,
+    ) {
+        // SAFETY: the caller's guarantees.
+        unsafe {
+            if let Some(destroy) = self.destroy_executor {
+                destroy(executor);
+            }
+            for &tensor in tensors {
+                (self.destroy_tensor)(tensor);
+            }
+            if !scalar.is_null() {
+                (self.destroy_scalar)(scalar);
+            }
+        }
+    }
+}
+
+/// One operator call, for [`Aclnn::launch`].
+pub(crate) struct OpCall<'a> {
+    /// The phase-2 name (`aclnnAdd`) and function.
+    pub name: &'static str,
+    pub phase2: Phase2,
+    /// The tensors phase 1 takes, inputs first, the output last.
+    pub tensors: &'a [&'a Tensor],
+    /// `Some(dtype)`: phase 1 also takes an `alpha` of 1 in `dtype` (Add, Sub).
+    pub alpha: Option<DType>,
+    /// Phase 1's other by-value arguments as one number (the cast's target dtype): part of
+    /// what makes two calls the same.
+    pub extra: i64,
+    /// Whether the executor may be reused: CANN does not repeat in-place copies.
+    pub repeatable: bool,
 }
 
 /// `aclnnAddGetWorkspaceSize` for `aclnnAdd` (a static name for errors).
@@ -367,6 +511,13 @@ impl Descriptor<'_> {
     pub fn raw(&self) -> *mut AclTensor {
         self.raw
     }
+
+    /// The handle, no longer destroyed on drop (a cached executor's, see [`crate::executors`]).
+    fn into_raw(self) -> *mut AclTensor {
+        let raw = self.raw;
+        std::mem::forget(self);
+        raw
+    }
 }
 
 impl Drop for Descriptor<'_> {
@@ -386,6 +537,13 @@ pub struct Scalar<'a> {
 impl Scalar<'_> {
     pub fn raw(&self) -> *mut AclScalar {
         self.raw
+    }
+
+    /// The handle, no longer destroyed on drop.
+    fn into_raw(self) -> *mut AclScalar {
+        let raw = self.raw;
+        std::mem::forget(self);
+        raw
     }
 }
 

@@ -48,6 +48,8 @@ pub struct Runtime {
     owns_init: bool,
     /// The aclnn operator libraries, loaded on the first operator call.
     aclnn: std::sync::OnceLock<std::result::Result<crate::aclnn::Aclnn, String>>,
+    /// Events kept for reuse (see [`crate::event::Spares`]).
+    pub(crate) spare_events: crate::event::Spares,
 }
 
 impl Runtime {
@@ -88,6 +90,7 @@ impl Runtime {
             fork_generation: opbridge_runtime::fork::generation(),
             owns_init,
             aclnn: Default::default(),
+            spare_events: Default::default(),
         })
     }
 
@@ -193,6 +196,7 @@ impl AscendBackend {
         if runtime.forked() {
             return Ok(()); // nothing of the parent's driver state is usable here
         }
+        crate::executors::clear(); // every thread's, while ACL can still destroy them
         let opened: Vec<Arc<AscendDevice>> = self.opened.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let mut first = Ok(());
         for device in &opened {
@@ -202,6 +206,7 @@ impl AscendBackend {
                 first = released;
             }
         }
+        runtime.spare_events.destroy_all(&runtime); // last: releasing the devices drops events
         let finalized = runtime.finalize();
         first.and(finalized)
     }

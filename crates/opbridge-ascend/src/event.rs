@@ -6,7 +6,7 @@
 use std::any::Any;
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use opbridge_runtime::device::EventBackend;
 use opbridge_runtime::{DeviceId, Error, Result};
@@ -24,6 +24,81 @@ pub struct AscendEvent {
     /// Recorded at least once: ACL answers "complete" for a never-recorded event, but timing one
     /// is an error we report ourselves, with a clearer message.
     recorded: AtomicBool,
+    /// A stream was made to wait for it: never reused (see [`Spares`]).
+    waited: AtomicBool,
+}
+
+/// Events kept for reuse. Most events mark the end of one launch for its tensors and die
+/// unwaited, often before the device got there; making and destroying one per launch costs two
+/// driver calls. A dropped event that no stream ever waited on is kept instead (ACL's events
+/// are flags: a stream's pending wait could see a later record, so waited-on ones are
+/// destroyed), and the oldest kept one is reused once the driver says it has completed. Kept
+/// events are destroyed before `aclFinalize`.
+#[derive(Debug, Default)]
+pub struct Spares(Mutex<std::collections::VecDeque<(usize, SpareEvent)>>);
+
+/// A kept `aclrtEvent`: no handle of ours refers to it.
+#[derive(Debug)]
+pub(crate) struct SpareEvent(RawEvent);
+
+// SAFETY: an unused event handle; whoever takes it binds its device before using it.
+unsafe impl Send for SpareEvent {}
+
+/// How many events are kept per runtime.
+const SPARE_EVENTS: usize = 64;
+
+impl Spares {
+    /// The oldest kept event of device `index` if it has completed (the device is current).
+    fn take(&self, runtime: &Runtime, index: usize) -> Option<RawEvent> {
+        let mut spares = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let at = spares.iter().position(|(i, _)| *i == index)?;
+        let raw = spares[at].1 .0;
+        if !completed(runtime, raw) {
+            return None;
+        }
+        spares.remove(at).map(|(_, SpareEvent(raw))| raw)
+    }
+
+    /// Keeps `raw`; false when full (the caller destroys it).
+    fn keep(&self, index: usize, raw: RawEvent) -> bool {
+        let mut spares = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if spares.len() >= SPARE_EVENTS {
+            return false;
+        }
+        spares.push_back((index, SpareEvent(raw)));
+        true
+    }
+
+    /// Destroys every kept event (before `aclFinalize`).
+    pub(crate) fn destroy_all(&self, runtime: &Runtime) {
+        let spares = std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()));
+        for (index, SpareEvent(raw)) in spares {
+            if runtime.bind(index).is_ok() {
+                // SAFETY: an unused event of ours, destroyed once.
+                unsafe { (runtime.acl.aclrtDestroyEvent)(raw) };
+            }
+        }
+    }
+}
+
+/// Whether the driver says the last record of `raw` has completed (a never-recorded event has).
+fn completed(runtime: &Runtime, raw: RawEvent) -> bool {
+    let acl = &runtime.acl;
+    let mut status: c_int = 0;
+    if let Some(query) = acl.aclrtQueryEventStatus {
+        // SAFETY: a live event of the current device and a valid out-pointer.
+        let code = unsafe { query(raw, &mut status) };
+        if code != sys::ACL_SUCCESS {
+            acl.recent_message(); // read and cleared: not left for the next error
+        }
+        return code == sys::ACL_SUCCESS && status == sys::ACL_EVENT_RECORDED_STATUS_COMPLETE;
+    }
+    if let Some(query) = acl.aclrtQueryEvent {
+        // SAFETY: as above. The deprecated API's enum is the other way round.
+        let code = unsafe { query(raw, &mut status) };
+        return code == sys::ACL_SUCCESS && status == sys::ACL_EVENT_STATUS_COMPLETE;
+    }
+    false
 }
 
 // SAFETY: an `aclrtEvent` is an opaque handle that ACL lets any thread use once that thread has
@@ -35,12 +110,21 @@ unsafe impl Sync for AscendEvent {}
 impl AscendEvent {
     pub(crate) fn create(runtime: Arc<Runtime>, index: usize) -> Result<AscendEvent> {
         runtime.bind(index)?;
+        if let Some(raw) = runtime.spare_events.take(&runtime, index) {
+            return Ok(AscendEvent {
+                runtime,
+                index,
+                raw,
+                recorded: AtomicBool::new(false),
+                waited: AtomicBool::new(false),
+            });
+        }
         let mut raw: RawEvent = std::ptr::null_mut();
         // SAFETY: a valid out-pointer; the device is current on this thread.
         let code =
             unsafe { (runtime.acl.aclrtCreateEventWithFlag)(&mut raw, sys::ACL_EVENT_SYNC | sys::ACL_EVENT_TIME_LINE) };
         check(&runtime.acl, ascend(index), "aclrtCreateEventWithFlag", code)?;
-        Ok(AscendEvent { runtime, index, raw, recorded: AtomicBool::new(false) })
+        Ok(AscendEvent { runtime, index, raw, recorded: AtomicBool::new(false), waited: AtomicBool::new(false) })
     }
 
     pub(crate) fn raw(&self) -> RawEvent {
@@ -54,6 +138,11 @@ impl AscendEvent {
     /// Called by the stream that records it.
     pub(crate) fn mark_recorded(&self) {
         self.recorded.store(true, Ordering::Release);
+    }
+
+    /// Called by a stream made to wait for it.
+    pub(crate) fn mark_waited(&self) {
+        self.waited.store(true, Ordering::Release);
     }
 
     fn check(&self, api: &'static str, code: c_int) -> Result<()> {
@@ -77,22 +166,11 @@ impl EventBackend for AscendEvent {
             return true;
         }
         let acl = &self.runtime.acl;
-        let mut status: c_int = 0;
-        if let Some(query) = acl.aclrtQueryEventStatus {
-            // SAFETY: a live event and a valid out-pointer.
-            let code = unsafe { query(self.raw, &mut status) };
-            if code != sys::ACL_SUCCESS {
-                acl.recent_message(); // read and cleared: not left for the next error
-            }
-            return code == sys::ACL_SUCCESS && status == sys::ACL_EVENT_RECORDED_STATUS_COMPLETE;
+        if acl.aclrtQueryEventStatus.is_none() && acl.aclrtQueryEvent.is_none() {
+            // No way to poll: only a finished wait says "complete".
+            return EventBackend::synchronize(self).is_ok();
         }
-        if let Some(query) = acl.aclrtQueryEvent {
-            // SAFETY: as above. The deprecated API's enum is the other way round.
-            let code = unsafe { query(self.raw, &mut status) };
-            return code == sys::ACL_SUCCESS && status == sys::ACL_EVENT_STATUS_COMPLETE;
-        }
-        // No way to poll: only a finished wait says "complete".
-        EventBackend::synchronize(self).is_ok()
+        completed(&self.runtime, self.raw)
     }
 
     fn elapsed_ms(&self, end: &dyn EventBackend) -> Result<f64> {
@@ -121,6 +199,9 @@ impl EventBackend for AscendEvent {
 impl Drop for AscendEvent {
     fn drop(&mut self) {
         if self.runtime.bind(self.index).is_ok() {
+            if !self.waited.load(Ordering::Acquire) && self.runtime.spare_events.keep(self.index, self.raw) {
+                return;
+            }
             // SAFETY: the event is ours and no longer used (this is its last handle). A failure
             // cannot be reported from drop; the driver's leak report would show it.
             unsafe { (self.runtime.acl.aclrtDestroyEvent)(self.raw) };

@@ -17,9 +17,9 @@
 use opbridge_ops::device::{DeviceCall, DeviceKernel};
 use opbridge_runtime::{DeviceKind, Error, Result, Tensor};
 
-use crate::aclnn::{acl_dtype, Aclnn, Descriptor, Phase2, WorkspaceOut};
+use crate::aclnn::{acl_dtype, AclScalar, AclTensor, Aclnn, OpCall, Phase2, WorkspaceOut};
 use crate::device::Runtime;
-use crate::sys::{Acl, AclStatus};
+use crate::sys::AclStatus;
 
 /// Which aclnn operator a kernel calls.
 #[derive(Debug, Clone, Copy)]
@@ -88,7 +88,6 @@ impl DeviceKernel for Kernel {
         }
         let runtime: std::sync::Arc<Runtime> =
             crate::backend().runtime().map_err(|reason| Error::Unavailable { device, reason })?;
-        let acl: &Acl = &runtime.acl;
         let aclnn: &Aclnn =
             runtime.aclnn().map_err(|reason| Error::Unavailable { device, reason: reason.to_string() })?;
         runtime.bind(device.index)?;
@@ -97,7 +96,6 @@ impl DeviceKernel for Kernel {
             message: format!("{}: this CANN installation's aclnn libraries lack {name}", call.op),
         };
         let out = call.outputs[0];
-        let out_desc = aclnn.describe(acl, out)?;
         let stream = call.stream.native_handle();
         let workspace = |bytes: usize| -> Result<Option<opbridge_runtime::Buffer>> {
             Ok(match bytes {
@@ -105,20 +103,27 @@ impl DeviceKernel for Kernel {
                 n => Some(call.alloc.allocate(n, call.stream.id())?),
             })
         };
-        let describe = |k: usize| -> Result<Descriptor<'_>> { aclnn.describe(acl, input(call, k)?) };
-        // Both phases of one aclnn operator on the call's stream, the workspace from its pool.
-        let launch = |op: (&'static str, Phase2), phase1: &mut dyn FnMut(WorkspaceOut) -> AclStatus| {
-            aclnn.run(acl, device, op, stream, phase1, workspace)
-        };
+        // One aclnn operator on the call's stream: `tensors` (inputs, then the output) are
+        // described for phase 1 (or its cached executor is pointed at them).
+        let launch =
+            |(name, phase2): (&'static str, Phase2),
+             tensors: &[&Tensor],
+             alpha: Option<opbridge_runtime::DType>,
+             extra: i64,
+             phase1: &mut dyn FnMut(&[*mut AclTensor], *mut AclScalar, WorkspaceOut) -> AclStatus| {
+                let op =
+                    OpCall { name, phase2, tensors, alpha, extra, repeatable: !matches!(self, Kernel::Contiguous) };
+                aclnn.launch(&runtime, device, &op, stream, phase1, workspace)
+            };
         match self {
             Kernel::Add | Kernel::Sub => {
                 let (op, name) =
                     if matches!(self, Kernel::Add) { (aclnn.add, "aclnnAdd") } else { (aclnn.sub, "aclnnSub") };
                 let op = op.ok_or_else(|| missing(name))?;
-                let (a, b, alpha) = (describe(0)?, describe(1)?, aclnn.one(out.dtype()));
+                let tensors = [input(call, 0)?, input(call, 1)?, out];
                 // SAFETY: live descriptors and out-pointers, the prototype of aclnn_add.h.
-                launch((op.name, op.phase2), &mut |(size, exec)| unsafe {
-                    (op.phase1)(a.raw(), b.raw(), alpha.raw(), out_desc.raw(), size, exec)
+                launch((op.name, op.phase2), &tensors, Some(out.dtype()), 0, &mut |t, alpha, (size, exec)| unsafe {
+                    (op.phase1)(t[0], t[1], alpha, t[2], size, exec)
                 })
             }
             Kernel::Mul | Kernel::Div | Kernel::Maximum | Kernel::Minimum | Kernel::Pow => {
@@ -130,35 +135,37 @@ impl DeviceKernel for Kernel {
                     _ => (aclnn.pow, "aclnnPowTensorTensor"),
                 };
                 let op = op.ok_or_else(|| missing(name))?;
-                let (a, b) = (describe(0)?, describe(1)?);
+                let tensors = [input(call, 0)?, input(call, 1)?, out];
                 // SAFETY: live descriptors and out-pointers, the prototype of aclnn_mul.h & co.
-                launch((op.name, op.phase2), &mut |(size, exec)| unsafe {
-                    (op.phase1)(a.raw(), b.raw(), out_desc.raw(), size, exec)
+                launch((op.name, op.phase2), &tensors, None, 0, &mut |t, _, (size, exec)| unsafe {
+                    (op.phase1)(t[0], t[1], t[2], size, exec)
                 })
             }
             Kernel::Cast => {
                 let op = aclnn.cast.ok_or_else(|| missing("aclnnCast"))?;
-                let (a, dtype) = (describe(0)?, acl_dtype(out.dtype()));
+                let dtype = acl_dtype(out.dtype());
+                let tensors = [input(call, 0)?, out];
                 // SAFETY: live descriptors and out-pointers, the prototype of aclnn_cast.h.
-                launch((op.name, op.phase2), &mut |(size, exec)| unsafe {
-                    (op.phase1)(a.raw(), dtype, out_desc.raw(), size, exec)
+                launch((op.name, op.phase2), &tensors, None, i64::from(dtype), &mut |t, _, (size, exec)| unsafe {
+                    (op.phase1)(t[0], dtype, t[1], size, exec)
                 })
             }
             Kernel::Contiguous => {
                 let op = aclnn.copy.ok_or_else(|| missing("aclnnInplaceCopy"))?;
-                let a = describe(0)?;
-                // SAFETY: live descriptors and out-pointers, the prototype of aclnn_copy.h.
-                launch((op.name, op.phase2), &mut |(size, exec)| unsafe {
-                    (op.phase1)(out_desc.raw(), a.raw(), size, exec)
+                let tensors = [input(call, 0)?, out];
+                // SAFETY: live descriptors and out-pointers, the prototype of aclnn_copy.h
+                // (the destination first).
+                launch((op.name, op.phase2), &tensors, None, 0, &mut |t, _, (size, exec)| unsafe {
+                    (op.phase1)(t[1], t[0], size, exec)
                 })
             }
             Kernel::Matmul => {
                 let op = aclnn.matmul.ok_or_else(|| missing("aclnnMatmul"))?;
-                let (a, b) = (describe(0)?, describe(1)?);
+                let tensors = [input(call, 0)?, input(call, 1)?, out];
                 // SAFETY: live descriptors and out-pointers, the prototype of aclnn_matmul.h;
                 // cubeMathType 0 = KEEP_DTYPE.
-                launch((op.name, op.phase2), &mut |(size, exec)| unsafe {
-                    (op.phase1)(a.raw(), b.raw(), out_desc.raw(), 0, size, exec)
+                launch((op.name, op.phase2), &tensors, None, 0, &mut |t, _, (size, exec)| unsafe {
+                    (op.phase1)(t[0], t[1], t[2], 0, size, exec)
                 })
             }
         }

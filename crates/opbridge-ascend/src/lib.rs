@@ -4,7 +4,8 @@
 //! - [`sys`]: the ACL functions, resolved with libloading, and where they are looked for;
 //! - [`result`]: `aclError` codes to the runtime's typed errors, with the driver's own text;
 //! - [`device`], [`stream`], [`event`], [`report`]: the runtime's `Device` trait over ACL;
-//! - [`aclnn`], [`kernels`]: the built-in operators through CANN's aclnn operators.
+//! - [`aclnn`], [`kernels`]: the built-in operators through CANN's aclnn operators;
+//! - [`executors`]: aclnn executors reused by calls of the same layout.
 //!
 //! [`register`] makes `ascend:N` devices reachable through `DeviceContext::get`. Without a
 //! driver, `opbridge.devices()` reports the backend unavailable with every path tried. CI runs
@@ -14,6 +15,7 @@
 pub mod aclnn;
 pub mod device;
 pub mod event;
+pub mod executors;
 pub mod kernels;
 pub mod report;
 pub mod result;

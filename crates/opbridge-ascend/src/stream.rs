@@ -200,6 +200,8 @@ impl StreamBackend for AscendStream {
     fn wait(&self, event: &Arc<dyn EventBackend>) -> Result<()> {
         let event = self.event(event)?;
         self.runtime.bind(self.index)?;
+        // Marked first: a wait the driver refuses might still have been queued.
+        event.mark_waited();
         // SAFETY: as for `record`.
         let code = unsafe { (self.runtime.acl.aclrtStreamWaitEvent)(self.raw, event.raw()) };
         self.check("aclrtStreamWaitEvent", code)

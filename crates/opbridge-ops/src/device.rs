@@ -7,7 +7,7 @@
 
 use std::sync::{Arc, RwLock};
 
-use opbridge_runtime::{Allocate, CopyKind, DType, DeviceKind, Result, Stream, Tensor};
+use opbridge_runtime::{Allocate, CallSite, CopyKind, DType, DeviceKind, Launch, Result, Stream, Tensor};
 
 use crate::dispatch::Plan;
 use crate::error::OpError;
@@ -129,11 +129,7 @@ pub(crate) fn launch(
         _ => OpError::Device { op: op(), message: e.to_string() },
     })?;
     entry.track(done);
-    let site = CALL_SITE.with(|c| c.borrow_mut().take());
-    stream.note_launch(match site {
-        Some(site) => format!("{} v{} at {site}", schema.name, schema.version).into(),
-        None => format!("{} v{}", schema.name, schema.version).into(),
-    });
+    stream.note_launch(Launch { what: entry.label(), site: CALL_SITE.with(|c| c.borrow_mut().take()) });
     for (result, target) in results.iter().zip(&targets) {
         if !Arc::ptr_eq(result, target) {
             let (from, to, bytes) = (target.data_ptr(), result.data_ptr(), target.nbytes());
@@ -184,11 +180,11 @@ fn cast_on_device(
 thread_local! {
     /// Where the next launch on this thread comes from (`app.py:12`), set by a front end that
     /// knows (the Python bindings), for the message of an asynchronous failure.
-    static CALL_SITE: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+    static CALL_SITE: std::cell::RefCell<Option<CallSite>> = const { std::cell::RefCell::new(None) };
 }
 
 /// Names the call site of the next device launch on this thread (taken by that launch).
-pub fn set_call_site(site: Option<String>) {
+pub fn set_call_site(site: Option<CallSite>) {
     CALL_SITE.with(|c| *c.borrow_mut() = site);
 }
 

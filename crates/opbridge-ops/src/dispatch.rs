@@ -301,9 +301,9 @@ pub fn launch(
             message: format!("outputs would come from {}, but the call runs on {device}", alloc.device()),
         });
     }
-    let devices = entry.devices();
-    if !devices.contains(&device.kind) {
-        let names: Vec<&str> = devices.iter().map(|d| d.name()).collect();
+    let kernel = entry.device_kernel(device.kind);
+    if kernel.is_none() && !entry.op.devices().contains(&device.kind) {
+        let names: Vec<&str> = entry.devices().iter().map(|d| d.name()).collect();
         return Err(OpError::Device {
             op: op(),
             message: format!(
@@ -317,7 +317,7 @@ pub fn launch(
     }
     let metas: Vec<Option<Meta>> = inputs.iter().map(|t| t.as_ref().map(|t| Meta::new(t.dtype(), t.shape()))).collect();
     let plan = plan(entry, &metas, attrs)?;
-    if let Some(kernel) = entry.device_kernel(device.kind) {
+    if let Some(kernel) = kernel {
         return crate::device::launch(entry, kernel, &plan, attrs, inputs, out, stream, alloc);
     }
     let mut converted: Vec<Option<Arc<Tensor>>> = Vec::with_capacity(inputs.len());

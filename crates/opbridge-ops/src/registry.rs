@@ -235,6 +235,8 @@ pub struct Entry {
     /// stream work checks them before it blocks, so it fails instead of waiting for a call
     /// queued behind that very work.
     queued: Mutex<std::collections::VecDeque<Event>>,
+    /// `name vN`, made once: how device launches name the operator.
+    label: std::sync::OnceLock<Arc<str>>,
 }
 
 impl fmt::Debug for Entry {
@@ -274,7 +276,14 @@ impl Entry {
             wait: Mutex::new(()),
             idle: Condvar::new(),
             queued: Mutex::new(std::collections::VecDeque::new()),
+            label: std::sync::OnceLock::new(),
         }
+    }
+
+    /// `name vN` (`add v1`), shared: how a device launch names this operator.
+    pub fn label(&self) -> Arc<str> {
+        let schema = self.schema();
+        Arc::clone(self.label.get_or_init(|| format!("{} v{}", schema.name, schema.version).into()))
     }
 
     pub fn schema(&self) -> &Schema {

@@ -2,12 +2,15 @@
 //! arguments, and the cached `numpy` module. Depends on no other binding module but `errors`
 //! and `ffi`, so the modules that use it form no import circle.
 
+use std::sync::Arc;
+
 use numpy::PyArrayDescrMethods;
-use opbridge_runtime::{DType, DeviceId};
+use opbridge_runtime::{CallSite, DType, DeviceId};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 
 use crate::errors::{argument_error, device_error, dtype_error};
+use crate::ffi::frames;
 use crate::ffi::numpy as np_ffi;
 
 static NUMPY: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
@@ -78,23 +81,75 @@ pub fn parse_dtype(py: Python<'_>, dtype: Option<&Bound<'_, PyAny>>) -> PyResult
         .ok_or_else(|| dtype_error(format!("expected a dtype of float16, float32, float64, int32, int64, got {descr}")))
 }
 
+/// What [`python_call_site`] learned on this thread. Code objects are held (strong
+/// references), so their addresses stay unique while the maps use them as keys.
+#[derive(Default)]
+struct CallSites {
+    /// Each code object's file, or `None` for the package's own code.
+    codes: std::collections::HashMap<usize, (Py<PyAny>, Option<Arc<str>>)>,
+    /// The line of a code object at an instruction offset (`f_lasti`): finding it walks the
+    /// code's line table, microseconds in a long function.
+    lines: std::collections::HashMap<(usize, i64), u32>,
+}
+
+/// Entries kept per thread (programs that make code objects at run time, `exec` in a loop).
+const MAX_CALL_SITES: usize = 4096;
+
+thread_local! {
+    static CALL_SITES: std::cell::RefCell<CallSites> = std::cell::RefCell::new(CallSites::default());
+}
+
 /// `file.py:line` of the innermost Python frame outside the opbridge package: the user's call
-/// that launched device work (named by its asynchronous failure later).
-pub fn python_call_site(py: Python<'_>) -> Option<String> {
+/// that launched device work (named by its asynchronous failure later). What is learned about
+/// code objects and lines is kept per thread: a launch then costs a few lookups, no formatting.
+pub fn python_call_site(py: Python<'_>) -> Option<CallSite> {
     static PACKAGE: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
     let package = PACKAGE.get_or_init(|| {
         let file: String = py.import("opbridge").ok()?.getattr("__file__").ok()?.extract().ok()?;
         std::path::Path::new(&file).parent().map(|p| p.to_string_lossy().into_owned())
     });
-    let mut frame = py.import("sys").ok()?.call_method1("_getframe", (0,)).ok()?;
+    let mut frame = frames::current(py)?;
     loop {
-        let code = frame.getattr("f_code").ok()?;
-        let file: String = code.getattr("co_filename").ok()?.extract().ok()?;
-        let inside = package.as_deref().is_some_and(|p| file.starts_with(p));
-        if !inside {
-            let line: i64 = frame.getattr("f_lineno").ok()?.extract().ok()?;
-            return Some(format!("{file}:{line}"));
+        let code = frames::code(&frame);
+        let key = code.as_ptr() as usize;
+        let known = CALL_SITES.with(|sites| sites.borrow().codes.get(&key).map(|(_, file)| file.clone()));
+        let file = match known {
+            Some(file) => file,
+            None => {
+                let name: String = code.getattr("co_filename").ok()?.extract().ok()?;
+                let inside = package.as_deref().is_some_and(|p| name.starts_with(p));
+                let file: Option<Arc<str>> = (!inside).then(|| name.into());
+                CALL_SITES.with(|sites| {
+                    let mut sites = sites.borrow_mut();
+                    if sites.codes.len() >= MAX_CALL_SITES {
+                        *sites = CallSites::default(); // lines are keyed by these codes too
+                    }
+                    sites.codes.insert(key, (code.unbind(), file.clone()));
+                });
+                file
+            }
+        };
+        if let Some(file) = file {
+            return Some(CallSite { file, line: line_of(&frame, key) });
         }
         frame = frame.getattr("f_back").ok().filter(|f| !f.is_none())?;
     }
+}
+
+/// The line `frame` (running code object `code`, known to [`CALL_SITES`]) is at.
+fn line_of(frame: &Bound<'_, PyAny>, code: usize) -> u32 {
+    let lasti = frame.getattr(pyo3::intern!(frame.py(), "f_lasti")).ok().and_then(|i| i.extract::<i64>().ok());
+    let Some(lasti) = lasti else { return frames::line(frame).max(0) as u32 };
+    if let Some(line) = CALL_SITES.with(|sites| sites.borrow().lines.get(&(code, lasti)).copied()) {
+        return line;
+    }
+    let line = frames::line(frame).max(0) as u32;
+    CALL_SITES.with(|sites| {
+        let mut sites = sites.borrow_mut();
+        if sites.lines.len() >= MAX_CALL_SITES * 4 {
+            sites.lines.clear();
+        }
+        sites.lines.insert((code, lasti), line);
+    });
+    line
 }

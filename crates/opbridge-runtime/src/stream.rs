@@ -32,7 +32,38 @@ struct StreamInner {
     /// Device work launched since the last synchronize (latest last, at most
     /// [`RECENT_LAUNCHES`]): an asynchronous failure names them, since the driver does not say
     /// which one failed.
-    launches: Mutex<VecDeque<Arc<str>>>,
+    launches: Mutex<VecDeque<Launch>>,
+}
+
+/// Device work launched on a stream, as an asynchronous failure names it: what ran (`add v1`)
+/// and the caller's source line. Kept as parts and formatted only for an error message, so
+/// noting a launch costs no formatting.
+#[derive(Debug, Clone)]
+pub struct Launch {
+    pub what: Arc<str>,
+    pub site: Option<CallSite>,
+}
+
+/// A source line of the program that made a call (`app.py:12`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallSite {
+    pub file: Arc<str>,
+    pub line: u32,
+}
+
+impl fmt::Display for CallSite {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.file, self.line)
+    }
+}
+
+impl fmt::Display for Launch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.site {
+            Some(site) => write!(f, "{} at {site}", self.what),
+            None => f.write_str(&self.what),
+        }
+    }
 }
 
 /// How many launches a stream remembers for its next asynchronous error.
@@ -185,12 +216,12 @@ impl Stream {
     pub fn synchronize(&self) -> Result<()> {
         let _span = profiler::span("sync", "stream synchronize", || vec![("stream", self.id().0.into())]);
         let outcome = self.0.backend.synchronize();
-        let launched: Vec<Arc<str>> = {
+        let launched: Vec<String> = {
             let mut launches = self.0.launches.lock().unwrap_or_else(|p| p.into_inner());
             if launches.is_empty() {
                 return outcome;
             }
-            launches.drain(..).collect()
+            launches.drain(..).map(|launch| launch.to_string()).collect()
         };
         match outcome {
             Err(Error::Async { stream, error }) => {
@@ -207,7 +238,7 @@ impl Stream {
 
     /// Notes device work just launched on this stream (an operator, its version and the call
     /// site), for the message of an asynchronous failure at the next synchronize.
-    pub fn note_launch(&self, what: Arc<str>) {
+    pub fn note_launch(&self, what: Launch) {
         let mut launches = self.0.launches.lock().unwrap_or_else(|p| p.into_inner());
         if launches.len() == RECENT_LAUNCHES {
             launches.pop_front();

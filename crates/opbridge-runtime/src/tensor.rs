@@ -297,12 +297,15 @@ impl Tensor {
         let done = stream.record_new_event()?;
         for tensor in reads {
             let mut access = tensor.lock_access();
-            access.reads.retain(|(_, e)| !e.query());
+            // One read per stream is enough: `done` comes after this stream's earlier reads.
+            access.reads.retain(|(owner, e)| *owner != stream.id() && !e.query());
             access.reads.push((stream.id(), done.clone()));
         }
         for tensor in writes {
             let mut access = tensor.lock_access();
-            access.reads.retain(|(_, e)| !e.query());
+            // The write waited for every unfinished read (`order_after_access`): whoever waits
+            // for it waits for them.
+            access.reads.clear();
             access.write = Some((stream.id(), done.clone()));
             access.writer = failure.is_none().then(|| stream.clone());
             access.failure = failure.clone();

@@ -3,6 +3,7 @@
 #![allow(unsafe_code)]
 
 pub mod dlpack;
+pub mod frames;
 pub mod numpy;
 
 /// Whether the interpreter is still running: host functions queued on a stream may come due
