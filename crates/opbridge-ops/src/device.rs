@@ -15,6 +15,9 @@ use crate::registry::Entry;
 use crate::schema::Attrs;
 use crate::view::TensorView;
 
+/// The few tensors of one call, without a heap allocation.
+type Few<T> = smallvec::SmallVec<[T; 4]>;
+
 /// One call handed to a device kernel. Inputs have the dtypes the operator's `input_dtypes`
 /// asked for (any strides, on the stream's device); outputs are contiguous, of the inferred
 /// shapes and dtypes, and do not overlap the inputs.
@@ -82,7 +85,7 @@ pub(crate) fn launch(
 ) -> crate::Result<Vec<Arc<Tensor>>> {
     let schema = entry.schema();
     let op = || -> Arc<str> { schema.name.as_str().into() };
-    let mut converted: Vec<Option<Arc<Tensor>>> = Vec::with_capacity(inputs.len());
+    let mut converted: Few<Option<Arc<Tensor>>> = Few::with_capacity(inputs.len());
     for (t, dtype) in inputs.iter().zip(&plan.inputs) {
         converted.push(match (t, dtype) {
             (Some(t), Some(d)) if t.dtype() != *d => Some(cast_on_device(entry, t, *d, stream, alloc)?),
@@ -97,10 +100,10 @@ pub(crate) fn launch(
             });
         }
     }
-    let views: Vec<Option<TensorView>> =
+    let views: Few<Option<TensorView>> =
         converted.iter().map(|t| t.as_ref().map(|t| TensorView::of_tensor(t))).collect();
     let mut results: Vec<Arc<Tensor>> = Vec::with_capacity(plan.outputs.len());
-    let mut targets: Vec<Arc<Tensor>> = Vec::with_capacity(plan.outputs.len());
+    let mut targets: Few<Arc<Tensor>> = Few::with_capacity(plan.outputs.len());
     for (k, meta) in plan.outputs.iter().enumerate() {
         let result = match out {
             Some(given) => {
@@ -117,9 +120,9 @@ pub(crate) fn launch(
         });
         results.push(result);
     }
-    let reads: Vec<&Tensor> = converted.iter().flatten().map(|t| t.as_ref()).collect();
-    let writes: Vec<&Tensor> = targets.iter().map(|t| t.as_ref()).collect();
-    let call_inputs: Vec<Option<&Tensor>> = converted.iter().map(|t| t.as_deref()).collect();
+    let reads: Few<&Tensor> = converted.iter().flatten().map(|t| t.as_ref()).collect();
+    let writes: Few<&Tensor> = targets.iter().map(|t| t.as_ref()).collect();
+    let call_inputs: Few<Option<&Tensor>> = converted.iter().map(|t| t.as_deref()).collect();
     let done = Tensor::enqueue_event(stream, &reads, &writes, |stream| {
         kernel.enqueue(&DeviceCall { op: &schema.name, attrs, inputs: &call_inputs, outputs: &writes, stream, alloc })
     })
