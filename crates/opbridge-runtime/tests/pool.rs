@@ -628,6 +628,57 @@ fn child_pool_gives_its_quota_back_when_the_parent_fails(ctx: &'static Arc<Devic
 }
 test_device!(child_pool_gives_its_quota_back_when_the_parent_fails);
 
+/// Many child pools (a server's sessions) allocating and freeing at once from their own
+/// threads: each stays within its quota after every call, and at every pause the children's use
+/// adds up to exactly what the parent has allocated.
+fn child_pools_under_concurrent_traffic_add_up_to_the_parent(ctx: &'static Arc<DeviceContext>) {
+    let (_guard, pool) = fresh_pool(ctx);
+    const CHILDREN: usize = 8;
+    const ROUNDS: usize = 5;
+    const STEPS: usize = 400;
+    let quota = 256 * KIB;
+    let children: Vec<_> = (0..CHILDREN).map(|_| pool.child(quota)).collect();
+    let barrier = std::sync::Barrier::new(CHILDREN + 1);
+    std::thread::scope(|scope| {
+        for (k, child) in children.iter().enumerate() {
+            let barrier = &barrier;
+            scope.spawn(move || {
+                let mut held: Vec<opbridge_runtime::Buffer> = Vec::new();
+                let mut state = 0x9e37_79b9_7f4a_7c15u64 ^ (k as u64 + 1);
+                for _ in 0..ROUNDS {
+                    for _ in 0..STEPS {
+                        // xorshift: a different sequence of sizes and frees per child
+                        state ^= state << 13;
+                        state ^= state >> 7;
+                        state ^= state << 17;
+                        if held.len() > 4 && state.is_multiple_of(3) {
+                            held.swap_remove((state >> 8) as usize % held.len());
+                        } else if let Ok(buffer) = child.allocate((state >> 20) as usize % (64 * KIB), StreamId::HOST) {
+                            held.push(buffer);
+                        }
+                        assert!(child.usage().0 <= quota, "child {k} over its quota: {:?}", child.usage());
+                    }
+                    barrier.wait(); // pause: the main thread checks the sum
+                    barrier.wait();
+                }
+                drop(held);
+            });
+        }
+        for _ in 0..ROUNDS {
+            barrier.wait();
+            let children_use: usize = children.iter().map(|c| c.usage().0).sum();
+            let stats = pool.stats();
+            assert_eq!(children_use, stats.allocated_bytes_current, "{stats:?}");
+            check_invariants(&stats);
+            barrier.wait();
+        }
+    });
+    assert!(children.iter().all(|c| c.usage().0 == 0));
+    assert_eq!(pool.stats().allocated_bytes_current, 0, "every byte went back to the parent");
+    assert!(children.iter().any(|c| c.refusals() > 0), "the traffic reached the quotas");
+}
+test_device!(child_pools_under_concurrent_traffic_add_up_to_the_parent);
+
 fn allocate_many_carves_one_block_into_disjoint_aligned_pieces(ctx: &'static Arc<DeviceContext>) {
     let (_guard, pool) = fresh_pool(ctx);
     let sizes = [100, 1, 4096, 63, 65, 0, 1000];
