@@ -520,25 +520,21 @@ print(executors())
     assert done.stdout.strip() == "0"
 
 
-def test_a_refused_reuse_forgets_the_cached_executor() -> None:
+def test_a_refused_reuse_falls_back_to_both_phases() -> None:
     done = run_python(
         EXECUTOR_COUNT
         + """
 import numpy as np, opbridge as ob
 x = ob.asarray(np.ones(8, np.float32), device="ascend:0")
 assert ob.ops.add(x, x).numpy().tolist() == [2.0] * 8   # both phases; the executor is kept
-try:
-    ob.ops.add(x, x)                                      # reuse: the driver refuses it
-except ob.DeviceError as e:
-    print("refused:", e)
-print(ob.ops.add(x, x).numpy().tolist(), executors())    # a new executor serves; the old one is gone
+r = ob.ops.add(x, x)                                      # reuse refused: both phases again
+print(r.numpy().tolist(), executors())                    # the old executor is gone, a new one kept
+print(ob.ops.add(x, x).numpy().tolist(), executors())    # and reused
 """,
         ACLDOUBLE_FAIL="aclSetInputTensorAddr:1",
     )
     assert done.returncode == 0, done.stderr
-    lines = done.stdout.strip().splitlines()
-    assert lines[0].startswith("refused:") and "aclSetInputTensorAddr" in lines[0], lines
-    assert lines[1] == f"{[2.0] * 8} 1"
+    assert done.stdout.strip().splitlines() == [f"{[2.0] * 8} 1"] * 2, done.stdout
 
 
 def test_launch_blocking_reports_the_failure_at_the_call() -> None:

@@ -65,7 +65,7 @@ def get_include() -> str:
     return _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "include")
 
 
-from . import jit, profiler  # noqa: E402  (they use get_include and the native types above)
+from . import ascend, jit, profiler  # noqa: E402  (they use get_include and the native types above)
 from .doctor import doctor  # noqa: E402
 from .memory import memory_snapshot, memory_summary  # noqa: E402
 
@@ -101,6 +101,7 @@ __all__ = [
     "Stream",
     "Tensor",
     "asarray",
+    "ascend",
     "calibrate",
     "current_stream",
     "devices",

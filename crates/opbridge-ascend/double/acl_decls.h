@@ -139,4 +139,28 @@ ACL_API aclError aclrtProcessReport(int32_t timeout);
 ACL_API aclError aclrtUnSubscribeReport(uint64_t threadId, aclrtStream stream);
 ACL_API aclError aclrtLaunchHostFunc(aclrtStream stream, aclrtHostFunc fn, void *args);
 
+/* §1.11 kernel binaries (the double's dialect: acldouble_kernel.h) */
+typedef void *aclrtBinHandle;
+typedef void *aclrtFuncHandle;
+typedef struct {
+    int32_t type; /* LAZY_LOAD = 1, MAGIC = 2, CPU_KERNEL_MODE = 3 */
+    uint32_t value;
+} aclrtBinaryLoadOption;
+typedef struct {
+    aclrtBinaryLoadOption *options;
+    size_t numOpt;
+} aclrtBinaryLoadOptions;
+typedef struct aclrtLaunchKernelCfg aclrtLaunchKernelCfg; /* attributes: ignored by the double */
+typedef struct aclrtPlaceHolderInfo aclrtPlaceHolderInfo; /* placeholders: refused by the double */
+ACL_API aclError aclrtBinaryLoadFromFile(const char *binPath, aclrtBinaryLoadOptions *options,
+                                         aclrtBinHandle *binHandle);
+ACL_API aclError aclrtBinaryLoadFromData(const void *data, size_t length, const aclrtBinaryLoadOptions *options,
+                                         aclrtBinHandle *binHandle);
+ACL_API aclError aclrtBinaryGetFunction(const aclrtBinHandle binHandle, const char *kernelName,
+                                        aclrtFuncHandle *funcHandle);
+ACL_API aclError aclrtBinaryUnLoad(aclrtBinHandle binHandle);
+ACL_API aclError aclrtLaunchKernelWithHostArgs(aclrtFuncHandle funcHandle, uint32_t numBlocks, aclrtStream stream,
+                                               aclrtLaunchKernelCfg *cfg, void *hostArgs, size_t argsSize,
+                                               aclrtPlaceHolderInfo *placeHolderArray, size_t placeHolderNum);
+
 #endif

@@ -320,7 +320,7 @@ impl Aclnn {
         call: &OpCall<'_>,
         stream: RawStream,
         phase1: &mut dyn FnMut(&[*mut AclTensor], *mut AclScalar, WorkspaceOut) -> AclStatus,
-        workspace: impl FnOnce(usize) -> Result<Option<opbridge_runtime::Buffer>>,
+        workspace: impl Fn(usize) -> Result<Option<opbridge_runtime::Buffer>>,
     ) -> Result<()> {
         let acl = &runtime.acl;
         let reusable = call.repeatable
@@ -332,7 +332,10 @@ impl Aclnn {
         let key = executors::CallKey { op: call.name, device: device.index, extra: call.extra, tensors: call.tensors };
         if reusable {
             if let Some(cached) = executors::find(&key) {
-                return self.rerun(acl, device, &cached, call, stream, workspace);
+                // `None`: the driver refused the reuse (the executor was forgotten): both phases.
+                if let Some(outcome) = self.rerun(acl, device, &cached, call, stream, &workspace) {
+                    return outcome;
+                }
             }
         }
         let descriptors: Vec<Descriptor<'_>> =
@@ -383,8 +386,9 @@ impl Aclnn {
         Ok(())
     }
 
-    /// Phase 2 alone, on a cached executor pointed at this call's storage. An executor the
-    /// driver refuses is forgotten (the next such call makes a new one).
+    /// Phase 2 alone, on a cached executor pointed at this call's storage. `None` when the
+    /// driver refuses to re-point it (it is forgotten; the caller runs both phases instead); an
+    /// executor whose phase 2 fails is forgotten too.
     fn rerun(
         &self,
         acl: &Acl,
@@ -392,30 +396,28 @@ impl Aclnn {
         cached: &Arc<executors::Cached>,
         call: &OpCall<'_>,
         stream: RawStream,
-        workspace: impl FnOnce(usize) -> Result<Option<opbridge_runtime::Buffer>>,
-    ) -> Result<()> {
-        let (Some(set_input), Some(set_output)) = (self.set_input_addr, self.set_output_addr) else {
-            return Err(Error::Device { device, message: "aclnn executor reuse is not available".into() });
+        workspace: &dyn Fn(usize) -> Result<Option<opbridge_runtime::Buffer>>,
+    ) -> Option<Result<()>> {
+        let (Some(set_input), Some(set_output)) = (self.set_input_addr, self.set_output_addr) else { return None };
+        // The workspace first: an allocation failure leaves the executor as it was.
+        let block = match workspace(cached.workspace as usize) {
+            Ok(block) => block,
+            Err(error) => return Some(Err(error)),
         };
         let last = call.tensors.len() - 1;
         for (index, tensor) in call.tensors.iter().enumerate() {
-            let (setter, name, slot) = if index < last {
-                (set_input, "aclSetInputTensorAddr", index)
-            } else {
-                (set_output, "aclSetOutputTensorAddr", 0)
-            };
+            let (setter, slot) = if index < last { (set_input, index) } else { (set_output, 0) };
             // SAFETY: a live repeatable executor and the descriptor it was made with (same
             // layout: the cache key); the storage base of a live device tensor.
             let code = unsafe {
                 setter(cached.executor, slot, cached.tensors[index], tensor.storage().ptr().0 as *mut c_void)
             };
             if code != 0 {
-                let error = driver_error(acl, device, name, code);
+                acl.recent_message(); // read and cleared: not left for the next error
                 executors::remove(cached);
-                return Err(error);
+                return None;
             }
         }
-        let block = workspace(cached.workspace as usize)?;
         let (ptr, len) =
             block.as_ref().map_or((std::ptr::null_mut(), 0), |b| (b.ptr().0 as *mut c_void, cached.workspace));
         // SAFETY: a live repeatable executor pointed at this call's tensors; the workspace is
@@ -425,9 +427,9 @@ impl Aclnn {
         if code != 0 {
             let error = driver_error(acl, device, call.name, code);
             executors::remove(cached);
-            return Err(error);
+            return Some(Err(error));
         }
-        Ok(())
+        Some(Ok(()))
     }
 
     /// Gives back an executor whose phase 2 will not run. A non-repeatable one is made

@@ -5,7 +5,8 @@
 //! - [`result`]: `aclError` codes to the runtime's typed errors, with the driver's own text;
 //! - [`device`], [`stream`], [`event`], [`report`]: the runtime's `Device` trait over ACL;
 //! - [`aclnn`], [`kernels`]: the built-in operators through CANN's aclnn operators;
-//! - [`executors`]: aclnn executors reused by calls of the same layout.
+//! - [`executors`]: aclnn executors reused by calls of the same layout;
+//! - [`kernel`]: user kernels loaded from a kernel binary and launched on a stream.
 //!
 //! [`register`] makes `ascend:N` devices reachable through `DeviceContext::get`. Without a
 //! driver, `opbridge.devices()` reports the backend unavailable with every path tried. CI runs
@@ -16,6 +17,7 @@ pub mod aclnn;
 pub mod device;
 pub mod event;
 pub mod executors;
+pub mod kernel;
 pub mod kernels;
 pub mod report;
 pub mod result;

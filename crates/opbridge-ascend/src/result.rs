@@ -13,6 +13,7 @@ pub fn code_name(code: c_int) -> &'static str {
         100000 => "ACL_ERROR_INVALID_PARAM",
         100001 => "ACL_ERROR_UNINITIALIZE",
         100002 => "ACL_ERROR_REPEAT_INITIALIZE",
+        100003 => "ACL_ERROR_INVALID_FILE",
         100037 => "ACL_ERROR_REPEAT_FINALIZE",
         100039 => "ACL_ERROR_COMPILING_STUB_MODE",
         107000 => "ACL_ERROR_RT_PARAM_INVALID",

@@ -23,6 +23,9 @@ pub type AclStatus = c_int;
 /// `aclrtStream`, `aclrtEvent`: opaque handles.
 pub type RawStream = *mut c_void;
 pub type RawEvent = *mut c_void;
+/// `aclrtBinHandle`, `aclrtFuncHandle`: a loaded kernel binary and a kernel in it.
+pub type RawBinary = *mut c_void;
+pub type RawFunction = *mut c_void;
 /// `aclrtCallback`.
 pub type Callback = unsafe extern "C" fn(user_data: *mut c_void);
 
@@ -138,6 +141,26 @@ acl_functions! {
         fn aclrtQueryEvent(event: RawEvent, status: *mut c_int) -> AclStatus;
         fn aclrtSetStreamFailureMode(stream: RawStream, mode: u64) -> AclStatus;
         fn aclrtGetVersion(major: *mut i32, minor: *mut i32, patch: *mut i32) -> AclStatus;
+        // Kernel binaries (CANN 8.2 and later; notes §1.11).
+        fn aclrtBinaryLoadFromFile(path: *const c_char, options: *mut c_void, binary: *mut RawBinary) -> AclStatus;
+        fn aclrtBinaryLoadFromData(
+            data: *const c_void,
+            length: usize,
+            options: *const c_void,
+            binary: *mut RawBinary
+        ) -> AclStatus;
+        fn aclrtBinaryGetFunction(binary: RawBinary, name: *const c_char, function: *mut RawFunction) -> AclStatus;
+        fn aclrtBinaryUnLoad(binary: RawBinary) -> AclStatus;
+        fn aclrtLaunchKernelWithHostArgs(
+            function: RawFunction,
+            blocks: u32,
+            stream: RawStream,
+            config: *mut c_void,
+            args: *mut c_void,
+            args_size: usize,
+            placeholders: *mut c_void,
+            placeholder_count: usize
+        ) -> AclStatus;
     }
 }
 

@@ -119,13 +119,15 @@ pub fn python_call_site(py: Python<'_>) -> Option<CallSite> {
                 let name: String = code.getattr("co_filename").ok()?.extract().ok()?;
                 let inside = package.as_deref().is_some_and(|p| name.starts_with(p));
                 let file: Option<Arc<str>> = (!inside).then(|| name.into());
-                CALL_SITES.with(|sites| {
+                let forgotten = CALL_SITES.with(|sites| {
                     let mut sites = sites.borrow_mut();
-                    if sites.codes.len() >= MAX_CALL_SITES {
-                        *sites = CallSites::default(); // lines are keyed by these codes too
-                    }
+                    // Lines are keyed by these codes too. Dropped outside the borrow: freeing a
+                    // code object may run Python code (a weakref callback) that launches again.
+                    let forgotten = (sites.codes.len() >= MAX_CALL_SITES).then(|| std::mem::take(&mut *sites));
                     sites.codes.insert(key, (code.unbind(), file.clone()));
+                    forgotten
                 });
+                drop(forgotten);
                 file
             }
         };

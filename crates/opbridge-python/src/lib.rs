@@ -1,6 +1,7 @@
 //! `opbridge._native`: the PyO3 bindings. Conversion, GIL handling and error mapping only; the
 //! work lives in `opbridge-runtime` and `opbridge-ops`.
 
+mod ascend;
 mod convert;
 mod devices;
 mod errors;
@@ -27,6 +28,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<tensor::PyTensor>()?;
     m.add_class::<stream::PyStream>()?;
     m.add_class::<stream::PyEvent>()?;
+    m.add_class::<ascend::PyKernel>()?;
     m.add_class::<memory::PooledMemory>()?;
     m.add_class::<registry::PyOp>()?;
     m.add_function(wrap_pyfunction!(registry::get_op, m)?)?;

@@ -303,9 +303,9 @@ impl Tensor {
         }
         for tensor in writes {
             let mut access = tensor.lock_access();
-            // The write waited for every unfinished read (`order_after_access`): whoever waits
-            // for it waits for them.
-            access.reads.clear();
+            // Unfinished reads stay: one recorded by another thread after this write looked
+            // (`order_after_access`) was not waited for.
+            access.reads.retain(|(_, e)| !e.query());
             access.write = Some((stream.id(), done.clone()));
             access.writer = failure.is_none().then(|| stream.clone());
             access.failure = failure.clone();

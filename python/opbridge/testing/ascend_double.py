@@ -2,6 +2,12 @@
 (and the aclnn part: libnnopbase.so, libopapi_math.so, libopapi_nn.so, libopapi.so).
 
     python -m opbridge.testing.ascend_double --lib-dir   # builds if needed, prints only the folder
+    python -m opbridge.testing.ascend_double --compile-kernel kernel.c -o kernel.so
+
+A "kernel binary" of the double is a shared object built from plain C in the test-only kernel
+dialect of ``acldouble_kernel.h`` (installed beside the libraries; :func:`compile_kernel`): what
+``ob.ascend.Kernel.from_file`` loads on the double where a real NPU would load a binary built by
+the Ascend C toolchain.
 
 The C sources live in crates/opbridge-ascend/double (env OPBRIDGE_ASCEND_DOUBLE_SRC overrides). The
 libraries are built with the system compiler (env CC, default ``cc``) into a cache folder keyed by a
@@ -23,8 +29,9 @@ import tempfile
 from pathlib import Path
 
 CFLAGS = ["-std=c11", "-O2", "-g", "-fPIC", "-shared", "-pthread", "-Wall", "-Wextra", "-Werror", "-Winit-self"]
-IMPL_SOURCES = ["acl_rt_double.c"]
-HEADERS = ["acl_decls.h", "double_internal.h"]
+IMPL_SOURCES = ["acl_rt_double.c", "acl_kernels_double.c"]
+KERNEL_HEADER = "acldouble_kernel.h"  # the test-only kernel dialect (see compile_kernel)
+HEADERS = ["acl_decls.h", "double_internal.h", KERNEL_HEADER]
 THIN_SOURCE = "thin.c"
 IMPL = "libacl_rt_impl.so"
 THIN = ["libacl_rt.so", "libascendcl.so"]
@@ -102,7 +109,7 @@ def _run(cmd: list[str], cwd: Path) -> None:
 
 
 def _complete(d: Path) -> bool:
-    return all((d / n).is_file() for n in [IMPL, *THIN, *ACLNN_LIBS])
+    return all((d / n).is_file() for n in [IMPL, *THIN, *ACLNN_LIBS, KERNEL_HEADER])
 
 
 def build(force: bool = False) -> Path:
@@ -115,7 +122,9 @@ def build(force: bool = False) -> Path:
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=final.parent))
     try:
-        _run([*cc, *CFLAGS, "-fvisibility=hidden", "-o", str(tmp / IMPL), *[str(src / s) for s in IMPL_SOURCES]], tmp)
+        impl = [*cc, *CFLAGS, "-fvisibility=hidden", "-o", str(tmp / IMPL), *[str(src / s) for s in IMPL_SOURCES]]
+        _run([*impl, "-ldl"], tmp)
+        shutil.copyfile(src / KERNEL_HEADER, tmp / KERNEL_HEADER)  # for kernel binaries (compile_kernel)
         for name in THIN:
             cmd = [*cc, *CFLAGS, "-o", str(tmp / name), str(src / THIN_SOURCE), "-Wl,--no-as-needed"]
             _run([*cmd, f"-L{tmp}", "-lacl_rt_impl", "-Wl,-rpath,$ORIGIN"], tmp)
@@ -140,17 +149,40 @@ def lib_dir() -> Path:
     return build()
 
 
+def compile_kernel(source: str | Path, output: str | Path) -> Path:
+    """Builds a kernel binary of the double from C source in its dialect (a path to a ``.c``
+    file, or the source text itself) with the system compiler; returns ``output``."""
+    folder = lib_dir()
+    output = Path(output)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(source) if isinstance(source, Path) or str(source).endswith(".c") else None
+        if path is None:
+            path = Path(tmp) / "kernel.c"
+            path.write_text(str(source))
+        cmd = [*_compiler(), "-std=c11", "-O2", "-fPIC", "-shared", f"-I{folder}", "-o", str(output), str(path)]
+        _run(cmd, Path(tmp))
+    return output
+
+
+USAGE = (
+    "usage: python -m opbridge.testing.ascend_double --lib-dir [--force]\n"
+    "       python -m opbridge.testing.ascend_double --compile-kernel SOURCE.c -o KERNEL.so"
+)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if args not in (["--lib-dir"], ["--lib-dir", "--force"], ["--force", "--lib-dir"]):
-        print("usage: python -m opbridge.testing.ascend_double --lib-dir [--force]", file=sys.stderr)
-        return 2
     try:
-        path = build(force="--force" in args)
+        if len(args) == 4 and args[0] == "--compile-kernel" and args[2] == "-o":
+            print(compile_kernel(Path(args[1]), args[3]))
+            return 0
+        if args not in (["--lib-dir"], ["--lib-dir", "--force"], ["--force", "--lib-dir"]):
+            print(USAGE, file=sys.stderr)
+            return 2
+        print(build(force="--force" in args))
     except DoubleBuildError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    print(path)
     return 0
 
 

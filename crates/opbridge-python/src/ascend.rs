@@ -1,0 +1,152 @@
+//! `opbridge.ascend.Kernel`: a kernel of an Ascend kernel binary, launched from Python on a
+//! stream (`opbridge_ascend::kernel`). Arguments are checked against the declared parameters
+//! before anything is enqueued: a wrong count or kind is an `ArgumentError`, a tensor on another
+//! device a `DeviceError`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use opbridge_ascend::kernel::{Arg, AscendKernel, Param};
+use opbridge_runtime::{DeviceContext, Launch, Stream};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyTuple};
+
+use crate::convert::{parse_device, python_call_site};
+use crate::errors::{argument_error, device_error, to_pyerr};
+use crate::stream::PyStream;
+use crate::tensor::PyTensor;
+
+/// A kernel of a loaded kernel binary, on one Ascend device.
+#[pyclass(name = "Kernel", module = "opbridge.ascend", frozen)]
+#[derive(Debug)]
+pub struct PyKernel {
+    inner: Arc<AscendKernel>,
+    /// `kernel NAME`, how its launches are named in asynchronous errors.
+    label: Arc<str>,
+}
+
+impl PyKernel {
+    fn new(kernel: AscendKernel) -> PyKernel {
+        let label = format!("kernel {}", kernel.name()).into();
+        PyKernel { inner: Arc::new(kernel), label }
+    }
+}
+
+fn parse_params(params: Vec<String>) -> PyResult<Vec<Param>> {
+    params
+        .iter()
+        .map(|p| {
+            Param::parse(p).ok_or_else(|| {
+                argument_error(format!(
+                    "unknown kernel parameter kind {p:?}: expected tensor, int32, uint32, int64, uint64 or float32"
+                ))
+            })
+        })
+        .collect()
+}
+
+#[pymethods]
+impl PyKernel {
+    /// Loads the kernel binary at `path` onto `device` and finds kernel `name` in it. `params`
+    /// names the kernel's parameters in order (a kernel binary does not carry them): "tensor"
+    /// for a global-memory pointer, "int32", "uint32", "int64", "uint64", "float32".
+    #[staticmethod]
+    #[pyo3(signature = (path, name, params, device = "ascend:0"))]
+    fn from_file(py: Python<'_>, path: PathBuf, name: &str, params: Vec<String>, device: &str) -> PyResult<PyKernel> {
+        let (device, params) = (parse_device(Some(device))?, parse_params(params)?);
+        let kernel = py.detach(|| AscendKernel::from_file(device, &path, name, params)).map_err(to_pyerr)?;
+        Ok(PyKernel::new(kernel))
+    }
+
+    /// Like `from_file`, from the binary's bytes.
+    #[staticmethod]
+    #[pyo3(signature = (data, name, params, device = "ascend:0"))]
+    fn from_binary(
+        py: Python<'_>,
+        data: &Bound<'_, PyBytes>,
+        name: &str,
+        params: Vec<String>,
+        device: &str,
+    ) -> PyResult<PyKernel> {
+        let (device, params) = (parse_device(Some(device))?, parse_params(params)?);
+        let bytes = data.as_bytes().to_vec();
+        let kernel = py.detach(|| AscendKernel::from_binary(device, &bytes, name, params)).map_err(to_pyerr)?;
+        Ok(PyKernel::new(kernel))
+    }
+
+    #[getter]
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    #[getter]
+    fn params(&self) -> Vec<&'static str> {
+        self.inner.params().iter().map(|p| p.name()).collect()
+    }
+
+    #[getter]
+    fn device(&self) -> String {
+        self.inner.device().to_string()
+    }
+
+    /// Enqueues the kernel over `block_dim` blocks on `stream` (default: this thread's current
+    /// stream of the kernel's device) and returns at once. Tensors are passed as device
+    /// pointers; the kernel may write any of them, so later work on them waits for it.
+    #[pyo3(signature = (block_dim, *args, stream = None))]
+    fn __call__(
+        &self,
+        py: Python<'_>,
+        block_dim: i64,
+        args: &Bound<'_, PyTuple>,
+        stream: Option<&Bound<'_, PyStream>>,
+    ) -> PyResult<()> {
+        let blocks = u32::try_from(block_dim).ok().filter(|&b| b > 0).ok_or_else(|| {
+            argument_error(format!(
+                "kernel {}: block_dim must be in 1..=4294967295, got {block_dim}",
+                self.inner.name()
+            ))
+        })?;
+        let mut tensors: Vec<Arc<opbridge_runtime::Tensor>> = Vec::new();
+        let mut kinds: Vec<Option<Arg<'static>>> = Vec::with_capacity(args.len());
+        for (k, arg) in args.iter().enumerate() {
+            if let Ok(t) = arg.cast::<PyTensor>() {
+                tensors.push(Arc::clone(&t.get().inner));
+                kinds.push(None);
+            } else if arg.is_instance_of::<pyo3::types::PyBool>() {
+                return Err(argument_error(format!("kernel {}: argument {k} is a bool", self.inner.name())));
+            } else if let Ok(v) = arg.extract::<i128>() {
+                kinds.push(Some(Arg::Int(v)));
+            } else if let Ok(v) = arg.extract::<f64>() {
+                kinds.push(Some(Arg::Float(v)));
+            } else {
+                return Err(argument_error(format!(
+                    "kernel {}: argument {k} must be an opbridge Tensor on {} or a number, got {}",
+                    self.inner.name(),
+                    self.inner.device(),
+                    arg.get_type().name()?
+                )));
+            }
+        }
+        let mut next_tensor = tensors.iter();
+        let call_args: Vec<Arg<'_>> = kinds
+            .into_iter()
+            .map(|k| k.unwrap_or_else(|| Arg::Tensor(next_tensor.next().expect("one per None"))))
+            .collect();
+        // Typed errors before anything is enqueued.
+        if let Err(e) = self.inner.pack(&call_args) {
+            return Err(if e.wrong_device { device_error(e.message) } else { argument_error(e.message) });
+        }
+        let stream: Stream = match stream {
+            Some(s) => s.get().inner.clone(),
+            None => DeviceContext::get(self.inner.device()).and_then(|ctx| ctx.current_stream()).map_err(to_pyerr)?,
+        };
+        py.detach(|| self.inner.launch(blocks, &call_args, &stream)).map_err(to_pyerr)?;
+        // A failure while it runs is reported later: it names the kernel and this call.
+        stream.note_launch(Launch { what: Arc::clone(&self.label), site: python_call_site(py) });
+        Ok(())
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Kernel({:?} on {}, params={:?})", self.inner.name(), self.inner.device(), self.params())
+    }
+}

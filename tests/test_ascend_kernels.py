@@ -1,0 +1,189 @@
+"""`ob.ascend.Kernel`: kernel binaries loaded and launched from Python, on the ACL test double
+(whose kernel binaries are shared objects built from C in its test-only dialect)."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import opbridge as ob
+from conftest import ASCEND_LIB_DIR, random_array
+
+pytestmark = pytest.mark.skipif(ASCEND_LIB_DIR is None, reason="the Ascend test double could not be built")
+
+DEV = "ascend:0"
+VECTOR_ADD = r"""
+#include "acldouble_kernel.h"
+ACLDOUBLE_KERNEL_ARGS(vector_add_kernel, "pppi")
+__global__ __aicore__ void vector_add_kernel(GM_ADDR x, GM_ADDR y, GM_ADDR z, uint32_t n) {
+    uint32_t per = (n + GetBlockNum() - 1) / GetBlockNum(), begin = GetBlockIdx() * per;
+    for (uint32_t i = begin; i < n && i < begin + per; i++)
+        ((float *)z)[i] = ((const float *)x)[i] + ((const float *)y)[i];
+}
+ACLDOUBLE_KERNEL_ARGS(axpy_i64, "ppl")
+__global__ __aicore__ void axpy_i64(GM_ADDR x, GM_ADDR y, int64_t a) {
+    if (GetBlockIdx() == 0)
+        for (int i = 0; i < 16; i++) ((int64_t *)y)[i] += a * ((const int64_t *)x)[i];
+}
+__global__ __aicore__ void undeclared(GM_ADDR x) { (void)x; }
+"""
+VADD_PARAMS = ["tensor", "tensor", "tensor", "uint32"]
+
+
+@pytest.fixture(scope="module")
+def binary(tmp_path_factory) -> str:
+    from opbridge.testing import ascend_double
+
+    return str(ascend_double.compile_kernel(VECTOR_ADD, tmp_path_factory.mktemp("kernels") / "kernels.so"))
+
+
+@pytest.fixture(scope="module")
+def vadd(binary):
+    return ob.ascend.Kernel.from_file(binary, "vector_add_kernel", params=VADD_PARAMS)
+
+
+@pytest.mark.parametrize(("blocks", "n"), [(1, 1), (3, 1000), (8, 1000), (64, 10), (8, 65537)])
+def test_vector_add_kernel_matches_numpy(vadd, blocks, n, rng) -> None:
+    a, b = random_array(rng, (n,), np.float32), random_array(rng, (n,), np.float32)
+    x, y = ob.asarray(a, device=DEV), ob.asarray(b, device=DEV)
+    z = ob.empty((n,), dtype="float32", device=DEV)
+    vadd(blocks, x, y, z, n)
+    np.testing.assert_array_equal(z.numpy(), a + b)
+
+
+def test_properties_and_repr(vadd) -> None:
+    assert vadd.name == "vector_add_kernel" and vadd.params == VADD_PARAMS and vadd.device == DEV
+    assert "vector_add_kernel" in repr(vadd)
+
+
+def test_from_binary_and_64_bit_scalars(binary) -> None:
+    with open(binary, "rb") as f:
+        data = f.read()
+    k = ob.ascend.Kernel.from_binary(data, "axpy_i64", ["tensor", "tensor", "int64"])
+    x = ob.asarray(np.arange(16, dtype=np.int64), device=DEV)
+    y = ob.asarray(np.ones(16, dtype=np.int64), device=DEV)
+    k(1, x, y, 3_000_000_000)
+    np.testing.assert_array_equal(y.numpy(), 1 + 3_000_000_000 * np.arange(16))
+
+
+def test_launches_are_ordered_with_other_work_on_their_tensors(vadd, rng) -> None:
+    a = random_array(rng, (4096,), np.float32)
+    x = ob.asarray(a, device=DEV)
+    z = ob.empty((4096,), dtype="float32", device=DEV)
+    side = ob.Stream(device=DEV)
+    vadd(4, x, x, z, 4096, stream=side)  # on another stream: readers of z wait for it
+    doubled = ob.ops.add(z, z)  # on this thread's current stream
+    np.testing.assert_array_equal(doubled.numpy(), (a + a) + (a + a))
+
+
+def test_threads_launch_concurrently(vadd, rng) -> None:
+    errors: list[BaseException] = []
+
+    def work(seed: int) -> None:
+        try:
+            r = np.random.default_rng(seed)
+            a, b = r.standard_normal(777).astype(np.float32), r.standard_normal(777).astype(np.float32)
+            x, y, z = ob.asarray(a, device=DEV), ob.asarray(b, device=DEV), ob.empty((777,), "float32", DEV)
+            for _ in range(50):
+                vadd(5, x, y, z, 777)
+            np.testing.assert_array_equal(z.numpy(), a + b)
+        except BaseException as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+
+
+def test_a_kernel_dropped_with_launches_queued_lets_them_finish(binary, rng) -> None:
+    k = ob.ascend.Kernel.from_file(binary, "vector_add_kernel", params=VADD_PARAMS)
+    a = random_array(rng, (100_000,), np.float32)
+    x = ob.asarray(a, device=DEV)
+    z = ob.empty((100_000,), dtype="float32", device=DEV)
+    for _ in range(20):
+        k(2, x, x, z, 100_000)
+    del k  # unloads the binary only after its queued launches
+    np.testing.assert_array_equal(z.numpy(), a + a)
+
+
+def test_wrong_arguments_are_typed_errors_before_launch(vadd) -> None:
+    x = ob.asarray(np.ones(8, np.float32), device=DEV)
+    z = ob.empty((8,), dtype="float32", device=DEV)
+    with pytest.raises(ob.ArgumentError, match="expected 4 arguments"):
+        vadd(1, x, x, z)
+    with pytest.raises(ob.ArgumentError, match="out of range"):
+        vadd(1, x, x, z, -1)
+    with pytest.raises(ob.ArgumentError, match="out of range"):
+        vadd(1, x, x, z, 2**32)
+    with pytest.raises(ob.ArgumentError, match="must be tensor"):
+        vadd(1, x, x, 3, 8)
+    with pytest.raises(ob.ArgumentError, match="must be uint32"):
+        vadd(1, x, x, z, x)
+    with pytest.raises(ob.ArgumentError, match="Tensor"):
+        vadd(1, x, x, np.ones(8, np.float32), 8)  # a numpy array is not device memory
+    with pytest.raises(ob.ArgumentError, match="bool"):
+        vadd(1, x, x, z, True)
+    with pytest.raises(ob.ArgumentError, match="block_dim"):
+        vadd(0, x, x, z, 8)
+    with pytest.raises(ob.ArgumentError, match="block_dim"):
+        vadd(-1, x, x, z, 8)
+    with pytest.raises(ob.DeviceError, match="cpu:0"):
+        vadd(1, x, x, ob.asarray(np.ones(8, np.float32)), 8)
+    assert z.numpy().shape == (8,)  # the stream is unharmed
+
+
+def test_loading_errors_name_the_problem(binary, tmp_path) -> None:
+    with pytest.raises(ob.DeviceError, match="no kernel named nope"):
+        ob.ascend.Kernel.from_file(binary, "nope", ["tensor"])
+    with pytest.raises(ob.DeviceError, match="ACLDOUBLE_KERNEL_ARGS"):
+        ob.ascend.Kernel.from_file(binary, "undeclared", ["tensor"])
+    missing = tmp_path / "missing.so"
+    with pytest.raises(ob.DeviceError, match="missing.so"):
+        ob.ascend.Kernel.from_file(missing, "vector_add_kernel", VADD_PARAMS)
+    not_a_kernel = tmp_path / "text.so"
+    not_a_kernel.write_text("not a binary")
+    with pytest.raises(ob.DeviceError, match="100003"):
+        ob.ascend.Kernel.from_file(not_a_kernel, "vector_add_kernel", VADD_PARAMS)
+    with pytest.raises(ob.DeviceError, match="empty"):
+        ob.ascend.Kernel.from_binary(b"", "vector_add_kernel", VADD_PARAMS)
+    with pytest.raises(ob.ArgumentError, match="unknown kernel parameter kind"):
+        ob.ascend.Kernel.from_file(binary, "vector_add_kernel", ["pointer"])
+    with pytest.raises(ob.DeviceError, match="ascend device"):
+        ob.ascend.Kernel.from_file(binary, "vector_add_kernel", VADD_PARAMS, device="cpu:0")
+    with pytest.raises(ob.DeviceError, match="reports 1 Ascend device"):
+        ob.ascend.Kernel.from_file(binary, "vector_add_kernel", VADD_PARAMS, device="ascend:5")
+
+
+def test_a_failing_kernel_is_reported_with_its_name_and_call_site(binary) -> None:
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(
+        f"""
+        import numpy as np, opbridge as ob
+        k = ob.ascend.Kernel.from_file({binary!r}, "vector_add_kernel", {VADD_PARAMS!r})
+        x = ob.asarray(np.ones(8, np.float32), device="ascend:0")
+        z = ob.empty((8,), dtype="float32", device="ascend:0")
+        k(1, x, x, z, 8)
+        try:
+            z.numpy()
+        except ob.DeviceError as e:
+            print("failed:", e)
+        k(1, x, x, z, 8)
+        print(z.numpy().tolist())
+        """
+    )
+    env = {**os.environ, "OPBRIDGE_ASCEND_LIB_DIR": str(ASCEND_LIB_DIR), "ACLDOUBLE_FAIL": "task:2"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    # task 1 is the upload (empty() queues nothing); the second, the kernel, fails
+    assert lines[0].startswith("failed:") and "kernel vector_add_kernel at <string>:6" in lines[0], lines
+    assert lines[1] == str([2.0] * 8)
