@@ -7,6 +7,8 @@ launch. Each figure is printed next to its reference and the ratio.
 - Pipeline efficiency of `ob.vector_add(a, b, device=...)`: its time against the longest of its
   three stages under the model (H2D, kernel at `ACLDOUBLE_KERNEL_GBPS`, D2H). The issue's target
   is ≤ 1.2 (the stages overlap); with no overlap it would be their sum.
+- Host-side cost of an `ob.ascend.Kernel` call (target 2 µs) and of a JIT cache hit to a callable
+  kernel (target 5 ms).
 - Host-side cost of `ob.ops.add(x, y)` on two Ascend tensors (enqueue only, the double's launch
   latency set to 0), against `ob.ops.add` on CPU tensors and the issue's 2 µs target. The driver's
   own share is measured without opbridge: `ascend_launch_floor.c`, compiled here with the system
@@ -96,6 +98,12 @@ def child(mib: int) -> None:
         f"ob.ops.add on 2 ascend tensors (host side): {device_call * 1e6:6.2f} us; on cpu tensors "
         f"{cpu_call * 1e6:6.2f} us; ratio to cpu {device_call / cpu_call:.2f}"
     )
+    kernel_launch, jit_hit = user_kernel_costs(xs, ys)
+    print(
+        f"ob.ascend.Kernel call (host side, 4 args): {kernel_launch * 1e6:6.2f} us; target 2 us: ratio "
+        f"{kernel_launch / 2e-6:.2f}"
+    )
+    print(f"ob.jit.compile(device='ascend') cache hit to a callable kernel: {jit_hit * 1e3:.2f} ms; target 5 ms")
     floor = driver_floor()
     if floor is not None:
         bare, with_event = floor
@@ -104,6 +112,51 @@ def child(mib: int) -> None:
             f"  the driver alone, from C: {bare * 1e6:.2f} us (executor reuse), {with_event * 1e6:.2f} us "
             f"(+ an event per launch); opbridge's share {ours * 1e6:.2f} us; target 2 us: ratio {ours / 2e-6:.2f}"
         )
+
+
+KERNEL = r"""
+#include "acldouble_kernel.h"
+ACLDOUBLE_KERNEL_ARGS(vector_add_kernel, "pppi")
+__global__ __aicore__ void vector_add_kernel(GM_ADDR x, GM_ADDR y, GM_ADDR z, uint32_t n) {
+    for (uint32_t i = GetBlockIdx(); i < n; i += GetBlockNum())
+        ((float *)z)[i] = ((const float *)x)[i] + ((const float *)y)[i];
+}
+"""
+
+
+def user_kernel_costs(x, y) -> tuple[float, float]:
+    """Seconds per `ob.ascend.Kernel` call (enqueue only) and per JIT cache hit."""
+    import tempfile
+
+    import opbridge as ob
+
+    params = ["tensor", "tensor", "tensor", "uint32"]
+    with tempfile.TemporaryDirectory() as folder:
+        ob.jit.compile(KERNEL, "vadd", device="ascend", kernel="vector_add_kernel", params=params, cache_dir=folder)
+        hits = []
+        for _ in range(5):
+            t = time.perf_counter()
+            k = ob.jit.compile(
+                KERNEL, "vadd", device="ascend", kernel="vector_add_kernel", params=params, cache_dir=folder
+            )
+            hits.append(time.perf_counter() - t)
+    z = ob.empty(x.shape, dtype="float32", device=str(x.device))
+    n = x.shape[0]
+    calls = 2000
+
+    def run() -> None:
+        for _ in range(calls):
+            k(1, x, y, z, n)
+
+    best = min(timed(run) for _ in range(5)) / calls
+    ob.synchronize(str(x.device))
+    return best, min(hits)
+
+
+def timed(f) -> float:
+    t = time.perf_counter()
+    f()
+    return time.perf_counter() - t
 
 
 def driver_floor() -> tuple[float, float] | None:

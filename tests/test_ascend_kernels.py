@@ -187,3 +187,100 @@ def test_a_failing_kernel_is_reported_with_its_name_and_call_site(binary) -> Non
     # task 1 is the upload (empty() queues nothing); the second, the kernel, fails
     assert lines[0].startswith("failed:") and "kernel vector_add_kernel at <string>:6" in lines[0], lines
     assert lines[1] == str([2.0] * 8)
+
+
+# --- ob.jit.compile(device="ascend"): the runtime compiler (aclrtc) and the JIT cache -----------
+
+SCALE = r"""
+#include "acldouble_kernel.h"
+ACLDOUBLE_KERNEL_ARGS(scale, "ppi")
+__global__ __aicore__ void scale(GM_ADDR x, GM_ADDR y, uint32_t n) {
+    for (uint32_t i = GetBlockIdx(); i < n; i += GetBlockNum()) ((float *)y)[i] = FACTOR * ((const float *)x)[i];
+}
+"""
+
+
+def jit_scale(tmp_path, factor: str = "2.0f", **kw):
+    return ob.jit.compile(
+        SCALE,
+        "scale",
+        device="ascend",
+        params=["tensor", "tensor", "uint32"],
+        flags=[f"-DFACTOR={factor}"],
+        cache_dir=tmp_path,
+        **kw,
+    )
+
+
+def test_jit_compiles_caches_and_launches(tmp_path, rng) -> None:
+    a = random_array(rng, (1000,), np.float32)
+    x, y = ob.asarray(a, device=DEV), ob.empty((1000,), "float32", DEV)
+    k = jit_scale(tmp_path)
+    assert not k.cached and k.device == DEV and k.params == ["tensor", "tensor", "uint32"]
+    k(7, x, y, 1000)
+    np.testing.assert_array_equal(y.numpy(), 2 * a)
+    again = jit_scale(tmp_path)
+    assert again.cached and again.key == k.key
+    other = jit_scale(tmp_path, "3.0f")  # another option: another key, compiled
+    assert not other.cached and other.key != k.key
+    other(2, x, y, 1000)
+    np.testing.assert_array_equal(y.numpy(), 3 * a)
+
+
+def test_jit_recompiles_a_damaged_cache_entry(tmp_path) -> None:
+    k = jit_scale(tmp_path)
+    (entry,) = tmp_path.glob("*.ascend.bin")
+    entry.write_bytes(entry.read_bytes()[:100])  # truncated
+    again = jit_scale(tmp_path)
+    assert not again.cached and again.key == k.key
+
+
+def test_jit_compile_errors_carry_the_log(tmp_path) -> None:
+    with pytest.raises(ob.jit.JitCompileError, match="176003") as info:
+        ob.jit.compile("int x = ;\n", "broken", device="ascend", params=[], cache_dir=tmp_path)
+    assert "broken.c:1" in str(info.value) and info.value.returncode == 176003
+    with pytest.raises(ob.jit.JitCompileError, match="176002"):  # not an option it takes
+        ob.jit.compile(SCALE, "scale", device="ascend", params=[], flags=["-fexec"], cache_dir=tmp_path)
+    # an option is one argument: a define's value never becomes another compiler flag
+    with pytest.raises(ob.jit.JitCompileError, match="176003"):
+        jit_scale(tmp_path, "2.0f -fexec")
+    assert not list(tmp_path.glob("*.ascend.bin"))  # nothing cached from failures
+
+
+def test_jit_arguments_are_checked(tmp_path) -> None:
+    with pytest.raises(ob.ArgumentError, match="params"):
+        ob.jit.compile(SCALE, "scale", device="ascend", cache_dir=tmp_path)
+    with pytest.raises(ob.ArgumentError, match="compiler"):
+        ob.jit.compile(SCALE, "scale", device="ascend", params=[], compiler="cc", cache_dir=tmp_path)
+    with pytest.raises(ob.ArgumentError, match="device='ascend'"):
+        ob.jit.compile("int x;", "plain", params=["tensor"], cache_dir=tmp_path)
+    with pytest.raises(ob.ArgumentError, match="device must be"):
+        ob.jit.compile("int x;", "plain", device="gpu", cache_dir=tmp_path)
+    with pytest.raises(ob.DeviceError, match="ascend:3"):
+        ob.jit.compile(SCALE, "scale", device="ascend:3", params=[], cache_dir=tmp_path)
+
+
+def test_the_double_runtime_compiler_checks_its_inputs() -> None:
+    import ctypes
+    from pathlib import Path
+
+    rtc = ctypes.CDLL(str(Path(str(ASCEND_LIB_DIR)) / "libacl_rtc.so"))
+    P = ctypes.c_void_p
+    prog = P()
+    src = b"int x;"
+    headers = (ctypes.c_char_p * 1)(b"h.h")
+    assert rtc.aclrtcCreateProg(ctypes.byref(prog), src, b"p", 1, headers, headers) == 176001
+    assert rtc.aclrtcCreateProg(ctypes.byref(prog), src, b"p", 0, None, None) == 0
+    size = ctypes.c_size_t()
+    assert rtc.aclrtcGetBinDataSize(prog, ctypes.byref(size)) == 176001  # not compiled yet
+    no_arch = (ctypes.c_char_p * 1)(b"-O2")
+    assert rtc.aclrtcCompileProg(prog, 1, no_arch) == 176002
+    assert rtc.aclrtcGetCompileLogSize(prog, ctypes.byref(size)) == 0 and size.value > 1
+    log = ctypes.create_string_buffer(size.value)
+    assert rtc.aclrtcGetCompileLog(prog, log) == 0 and b"--npu-arch" in log.value
+    ok = (ctypes.c_char_p * 1)(b"--npu-arch=dav-2201")
+    assert rtc.aclrtcCompileProg(prog, 1, ok) == 0
+    assert rtc.aclrtcGetBinDataSize(prog, ctypes.byref(size)) == 0 and size.value > 0
+    assert rtc.aclrtcDestroyProg(ctypes.byref(prog)) == 0
+    stale = P(12345)
+    assert rtc.aclrtcDestroyProg(ctypes.byref(stale)) == 176000

@@ -28,6 +28,18 @@ the folder to clear the cache.
 
 Compiler errors raise ``JitCompileError`` with the compiler's message. Log records (logger
 ``opbridge.jit``) say whether each call compiled or hit the cache.
+
+**Ascend kernels.** With ``device="ascend"`` (or ``"ascend:N"``), ``source`` is an Ascend C kernel
+compiled by CANN's runtime compiler (aclrtc, ``libacl_rtc.so`` beside the ACL runtime), for the
+device's architecture (``--npu-arch=dav-2201`` for Ascend910B/910_93; other SoCs name theirs in
+``flags``), and the result is a ``JitKernel``: the ``ob.ascend.Kernel`` named ``kernel`` (default
+``name``) with the parameters ``params``, ready to launch. The binary is cached like a library,
+keyed by the source, the options (architecture included), the runtime compiler's path, size and
+mtime, and the SoC; a compile error raises ``JitCompileError`` with aclrtc's log::
+
+    k = ob.jit.compile(src, "vadd", device="ascend", kernel="vector_add_kernel",
+                       params=["tensor", "tensor", "tensor", "uint32"])
+    k(8, x, y, z, n); k.cached
 """
 
 from __future__ import annotations
@@ -43,13 +55,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from . import _native, tuning
 from ._native import ArgumentError, Library, OpBridgeError
 
-__all__ = ["JitCompileError", "JitLibrary", "compile", "default_cache_dir"]
+__all__ = ["JitCompileError", "JitKernel", "JitLibrary", "compile", "default_cache_dir"]
 
 log = logging.getLogger("opbridge.jit")
 
@@ -88,6 +101,34 @@ class JitLibrary(Library):
     name: str
     key: str
     cached: bool
+
+
+class JitKernel:
+    """An ``ob.ascend.Kernel`` made by ``compile(..., device="ascend")``; calling it launches it.
+
+    Attributes: ``kernel`` (the ``ob.ascend.Kernel``), ``name`` (as passed to ``compile``), ``key``
+    (the cache key), ``cached`` (True when its binary came from the cache without compiling).
+    """
+
+    def __init__(self, kernel: Any, name: str, key: str, cached: bool) -> None:
+        self.kernel = kernel
+        self.name = name
+        self.key = key
+        self.cached = cached
+
+    @property
+    def params(self) -> list[str]:
+        return list(self.kernel.params)
+
+    @property
+    def device(self) -> str:
+        return str(self.kernel.device)
+
+    def __call__(self, block_dim: int, *args: Any, stream: Any = None) -> None:
+        self.kernel(block_dim, *args, stream=stream)
+
+    def __repr__(self) -> str:
+        return f"JitKernel({self.name!r}, {self.kernel!r}, cached={self.cached})"
 
 
 def default_cache_dir() -> Path:
@@ -306,8 +347,12 @@ def compile(
     compiler: str | None = None,
     flags: Sequence[str] = (),
     cache_dir: str | os.PathLike[str] | None = None,
-) -> JitLibrary:
-    """Compiles ``source`` (unless cached), loads it and registers its operators.
+    device: str | None = None,
+    kernel: str | None = None,
+    params: Sequence[str] | None = None,
+) -> Any:
+    """Compiles ``source`` (unless cached), loads it and registers its operators (or, with
+    ``device="ascend"``, makes it an Ascend kernel: see the module's doc).
 
     Args:
         source: the plugin's C or C++ source (it includes ``<opbridge/plugin.h>``).
@@ -316,6 +361,11 @@ def compile(
         compiler: the compiler to run (default ``$CC``/``cc``, or ``$CXX``/``c++`` for C++).
         flags: extra compiler flags, e.g. ``("-march=x86-64-v3", "-DN=4")``; part of the cache key.
         cache_dir: where compiled libraries are kept (default: see the module's doc).
+        device: ``None`` or ``"cpu"`` (a plugin library), or ``"ascend"`` / ``"ascend:N"`` (an
+            Ascend C kernel, compiled by aclrtc; ``lang`` and ``compiler`` do not apply).
+        kernel: the Ascend kernel's name in ``source`` (default ``name``).
+        params: the Ascend kernel's parameters (see ``ob.ascend.Kernel.from_file``); required
+            with ``device="ascend"``.
 
     Returns:
         A ``JitLibrary``: a loaded ``Library`` with ``.cached`` telling whether it came from the
@@ -367,6 +417,16 @@ def compile(
         raise ArgumentError(f"cache_dir {str(folder)!r} cannot be used as a folder: {e}") from e
     if not folder.is_dir():
         raise ArgumentError(f"cache_dir {str(folder)!r} is not a folder")
+    if device is not None and not isinstance(device, str):
+        raise ArgumentError(f"device must be a str such as 'ascend:0', got {type(device).__name__}")
+    if device is not None and device.split(":")[0] == "ascend":
+        if compiler is not None:
+            raise ArgumentError("compiler= does not apply to Ascend kernels (aclrtc compiles them)")
+        return _compile_ascend(source, name, flags, folder, device, kernel, params)
+    if device not in (None, "cpu", "cpu:0"):
+        raise ArgumentError(f"device must be 'cpu' or 'ascend[:N]', got {device!r}")
+    if kernel is not None or params is not None:
+        raise ArgumentError("kernel= and params= are for device='ascend'")
     # A span in an active profile (opbridge.profiler): the compile, or the cache hit, and the load.
     _native.profiler_begin("jit", f"jit compile {name}")
     try:
@@ -377,17 +437,7 @@ def compile(
 
         # Only a library whose bytes match its record reaches the dynamic loader: loading a truncated
         # or overwritten one can crash the process (SIGBUS/SIGSEGV) before any error is possible.
-        cached = _verify(target) is None
-        if not cached:
-            with _locked(target):
-                problem = _verify(target)  # another process may have compiled it meanwhile
-                cached = problem is None
-                if not cached:
-                    if problem != "missing":
-                        log.warning("cached %s is damaged (%s); compiling again", target, problem)
-                    _remove(target)
-                    _remove(_record_path(target))
-                    _build(source, name, lang, compiler_path, flags, target)
+        cached = _ensure(target, lambda: _build(source, name, lang, compiler_path, flags, target))
         if cached:
             log.info("cache hit for %s: %s", name, target)
         try:
@@ -408,3 +458,112 @@ def compile(
         return lib
     finally:
         _native.profiler_end("jit", f"jit compile {name}")
+
+
+# SoCs whose architecture option is known (others name theirs in flags).
+_NPU_ARCH = (("Ascend910B", "dav-2201"), ("Ascend910_93", "dav-2201"))
+
+
+def _ascend_device(device: str) -> tuple[str, str]:
+    """The device's name and SoC, from ``ob.devices()`` (a ``DeviceError`` when it has none)."""
+    wanted = "ascend:0" if device == "ascend" else device
+    for entry in _native.devices():
+        if entry.get("name") == wanted and entry.get("available"):
+            return wanted, str(entry.get("soc") or "")
+    reasons = [str(e.get("reason")) for e in _native.devices() if str(e.get("name", "")).startswith("ascend")]
+    raise _native.DeviceError(f"{device} is not available" + (f": {'; '.join(reasons)}" if reasons else ""))
+
+
+def _compile_ascend(
+    source: str,
+    name: str,
+    flags: Sequence[str],
+    folder: Path,
+    device: str,
+    kernel: str | None,
+    params: Sequence[str] | None,
+) -> JitKernel:
+    if kernel is not None and (not isinstance(kernel, str) or not kernel):
+        raise ArgumentError(f"kernel must be the kernel's name in the source, got {kernel!r}")
+    if params is None or isinstance(params, (str, bytes)) or not all(isinstance(p, str) for p in params):
+        raise ArgumentError("params= must list the kernel's parameters, e.g. ['tensor', 'tensor', 'uint32']")
+    device, soc = _ascend_device(device)
+    options = list(flags)
+    if not any(o.startswith("--npu-arch=") for o in options):
+        arch = next((a for prefix, a in _NPU_ARCH if soc.startswith(prefix)), None)
+        if arch is None:
+            raise ArgumentError(f"no known --npu-arch for SoC {soc!r}: pass flags=['--npu-arch=dav-...']")
+        options.append(f"--npu-arch={arch}")
+    library = _native.ascend_rtc_library()
+    st = os.stat(library)
+    h = hashlib.sha256()
+    for part in (
+        b"opbridge-jit-ascend/1",
+        f"rtc={library}:{st.st_size}:{st.st_mtime_ns}".encode(),
+        f"soc={soc}".encode(),
+        "\0".join(options).encode(),
+        source.encode(),
+    ):
+        h.update(len(part).to_bytes(8, "little"))
+        h.update(part)
+    key = h.hexdigest()
+    target = folder / f"{key}.ascend.bin"
+
+    def build() -> None:
+        t0 = time.perf_counter()
+        binary, compile_log, message, code = _native.ascend_rtc_compile(source, name, options)
+        if binary is None:
+            detail = f"\n{compile_log.strip()}" if compile_log.strip() else ""
+            raise JitCompileError(
+                f"compiling {name!r} for {device} failed: {message}{detail}",
+                command=["aclrtc", *options],
+                returncode=code,
+                stderr=compile_log,
+            )
+        _store(target, binary)
+        log.info("compiled %s for %s -> %s in %.2f s", name, device, target, time.perf_counter() - t0)
+
+    _native.profiler_begin("jit", f"jit compile {name}")
+    try:
+        cached = _ensure(target, build)
+        if cached:
+            log.info("cache hit for %s: %s", name, target)
+        data = target.read_bytes()
+        loaded = _native.Kernel.from_binary(data, kernel or name, list(params), device)
+        return JitKernel(loaded, name, key, cached)
+    finally:
+        _native.profiler_end("jit", f"jit compile {name}")
+
+
+def _ensure(target: Path, build: Callable[[], None]) -> bool:
+    """Makes sure ``target`` holds an entry whose bytes match its record, calling ``build`` (under
+    the key's lock, after removing a damaged entry) when it does not; True when it already did."""
+    if _verify(target) is None:
+        return True
+    with _locked(target):
+        problem = _verify(target)  # another process may have compiled it meanwhile
+        if problem is None:
+            return True
+        if problem != "missing":
+            log.warning("cached %s is damaged (%s); compiling again", target, problem)
+        _remove(target)
+        _remove(_record_path(target))
+        build()
+    return False
+
+
+def _store(target: Path, data: bytes) -> None:
+    """Writes ``data`` to ``target`` atomically, its record first (as ``_build`` does)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        _write_record(target, hashlib.sha256(data).hexdigest(), len(data))
+        _remove(target)
+        os.replace(tmp, target)
+        _fsync_dir(target.parent)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)

@@ -11,7 +11,7 @@ use std::ffi::{c_void, CString};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use opbridge_runtime::{DeviceId, Error, Event, Result, Stream, Tensor};
+use opbridge_runtime::{DeviceId, Error, Event, Result, Stream, StreamId, Tensor};
 
 use crate::device::{ascend, Runtime};
 use crate::result::check;
@@ -93,8 +93,9 @@ pub struct AscendKernel {
     function: RawFunction,
     name: String,
     params: Vec<Param>,
-    /// Completion events of launches that may still run: the binary is unloaded only after them.
-    pending: Mutex<Vec<Event>>,
+    /// The last launch's completion event on each stream used: the binary is unloaded only after
+    /// them.
+    pending: Mutex<Vec<(StreamId, Event)>>,
 }
 
 // SAFETY: binary and function handles are process-wide ACL objects, used only after binding the
@@ -257,6 +258,13 @@ impl AscendKernel {
     /// ordered like an operator's outputs (the kernel may write any of them): after earlier
     /// work on them on other streams, and before later work.
     pub fn launch(&self, blocks: u32, args: &[Arg<'_>], stream: &Stream) -> Result<()> {
+        let (packed, tensors) =
+            self.pack(args).map_err(|e| Error::Device { device: self.device(), message: e.message })?;
+        self.launch_packed(blocks, packed, &tensors, stream)
+    }
+
+    /// [`AscendKernel::launch`] with arguments already [`AscendKernel::pack`]ed.
+    pub fn launch_packed(&self, blocks: u32, mut packed: Vec<u8>, tensors: &[&Tensor], stream: &Stream) -> Result<()> {
         let device = self.device();
         if stream.device() != device {
             return Err(Error::Device {
@@ -270,13 +278,12 @@ impl AscendKernel {
                 message: format!("kernel {}: block_dim must be at least 1", self.name),
             });
         }
-        let (mut packed, tensors) = self.pack(args).map_err(|e| Error::Device { device, message: e.message })?;
         let launch = self
             .runtime
             .acl
             .aclrtLaunchKernelWithHostArgs
             .ok_or_else(|| unsupported(device, "aclrtLaunchKernelWithHostArgs"))?;
-        let done = Tensor::enqueue_event(stream, &[], &tensors, |stream| {
+        let done = Tensor::enqueue_event(stream, &[], tensors, |stream| {
             self.runtime.bind(self.index)?;
             // SAFETY: a live function of a binary loaded on this device (current on this
             // thread), the stream's native handle, host arguments ACL copies during the call;
@@ -295,9 +302,10 @@ impl AscendKernel {
             };
             check(&self.runtime.acl, device, "aclrtLaunchKernelWithHostArgs", code)
         })?;
+        // One event per stream is enough: a stream's launches complete in order.
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        pending.retain(|e| !e.query());
-        pending.push(done);
+        pending.retain(|(id, _)| *id != stream.id());
+        pending.push((stream.id(), done));
         Ok(())
     }
 }
@@ -308,7 +316,7 @@ impl Drop for AscendKernel {
             return;
         }
         // Launches still queued use the binary: it goes only after them.
-        for event in self.pending.get_mut().unwrap_or_else(|p| p.into_inner()).drain(..) {
+        for (_, event) in self.pending.get_mut().unwrap_or_else(|p| p.into_inner()).drain(..) {
             let _ = event.synchronize();
         }
         if let (Some(unload), Ok(())) = (self.runtime.acl.aclrtBinaryUnLoad, self.runtime.bind(self.index)) {

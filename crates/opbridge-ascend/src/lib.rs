@@ -6,7 +6,8 @@
 //! - [`device`], [`stream`], [`event`], [`report`]: the runtime's `Device` trait over ACL;
 //! - [`aclnn`], [`kernels`]: the built-in operators through CANN's aclnn operators;
 //! - [`executors`]: aclnn executors reused by calls of the same layout;
-//! - [`kernel`]: user kernels loaded from a kernel binary and launched on a stream.
+//! - [`kernel`]: user kernels loaded from a kernel binary and launched on a stream;
+//! - [`rtc`]: the runtime compiler (aclrtc): Ascend C source to a kernel binary.
 //!
 //! [`register`] makes `ascend:N` devices reachable through `DeviceContext::get`. Without a
 //! driver, `opbridge.devices()` reports the backend unavailable with every path tried. CI runs
@@ -21,6 +22,7 @@ pub mod kernel;
 pub mod kernels;
 pub mod report;
 pub mod result;
+pub mod rtc;
 pub mod stream;
 pub mod sys;
 

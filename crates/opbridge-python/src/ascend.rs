@@ -133,14 +133,18 @@ impl PyKernel {
             .map(|k| k.unwrap_or_else(|| Arg::Tensor(next_tensor.next().expect("one per None"))))
             .collect();
         // Typed errors before anything is enqueued.
-        if let Err(e) = self.inner.pack(&call_args) {
-            return Err(if e.wrong_device { device_error(e.message) } else { argument_error(e.message) });
-        }
+        let (packed, tensor_args) = self.inner.pack(&call_args).map_err(|e| {
+            if e.wrong_device {
+                device_error(e.message)
+            } else {
+                argument_error(e.message)
+            }
+        })?;
         let stream: Stream = match stream {
             Some(s) => s.get().inner.clone(),
             None => DeviceContext::get(self.inner.device()).and_then(|ctx| ctx.current_stream()).map_err(to_pyerr)?,
         };
-        py.detach(|| self.inner.launch(blocks, &call_args, &stream)).map_err(to_pyerr)?;
+        py.detach(|| self.inner.launch_packed(blocks, packed, &tensor_args, &stream)).map_err(to_pyerr)?;
         // A failure while it runs is reported later: it names the kernel and this call.
         stream.note_launch(Launch { what: Arc::clone(&self.label), site: python_call_site(py) });
         Ok(())
@@ -149,4 +153,25 @@ impl PyKernel {
     fn __repr__(&self) -> String {
         format!("Kernel({:?} on {}, params={:?})", self.inner.name(), self.inner.device(), self.params())
     }
+}
+
+/// Compiles Ascend C `source` with the runtime compiler (aclrtc): `(binary, log, message, code)`,
+/// `binary` None when it failed (`opbridge.jit` raises `JitCompileError` with the log then).
+#[pyfunction]
+pub fn ascend_rtc_compile(
+    py: Python<'_>,
+    source: &str,
+    name: &str,
+    options: Vec<String>,
+) -> (Option<Py<PyBytes>>, String, String, i32) {
+    match py.detach(|| opbridge_ascend::rtc::compile(source, name, &options)) {
+        Ok(binary) => (Some(PyBytes::new(py, &binary).unbind()), String::new(), String::new(), 0),
+        Err(e) => (None, e.log, e.message, e.code),
+    }
+}
+
+/// Where the Ascend runtime compiler is loaded from (a `DeviceError` when it is not there).
+#[pyfunction]
+pub fn ascend_rtc_library(py: Python<'_>) -> PyResult<String> {
+    py.detach(opbridge_ascend::rtc::library).map(|p| p.display().to_string()).map_err(device_error)
 }

@@ -29,6 +29,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<stream::PyStream>()?;
     m.add_class::<stream::PyEvent>()?;
     m.add_class::<ascend::PyKernel>()?;
+    m.add_function(wrap_pyfunction!(ascend::ascend_rtc_compile, m)?)?;
+    m.add_function(wrap_pyfunction!(ascend::ascend_rtc_library, m)?)?;
     m.add_class::<memory::PooledMemory>()?;
     m.add_class::<registry::PyOp>()?;
     m.add_function(wrap_pyfunction!(registry::get_op, m)?)?;

@@ -1,5 +1,6 @@
 """Build (and locate) the Ascend ACL test double: libacl_rt_impl.so, libacl_rt.so, libascendcl.so
-(and the aclnn part: libnnopbase.so, libopapi_math.so, libopapi_nn.so, libopapi.so).
+(the aclnn part: libnnopbase.so, libopapi_math.so, libopapi_nn.so, libopapi.so; and the runtime
+compiler of its kernel dialect, libacl_rtc.so).
 
     python -m opbridge.testing.ascend_double --lib-dir   # builds if needed, prints only the folder
     python -m opbridge.testing.ascend_double --compile-kernel kernel.c -o kernel.so
@@ -35,6 +36,8 @@ HEADERS = ["acl_decls.h", "double_internal.h", KERNEL_HEADER]
 THIN_SOURCE = "thin.c"
 IMPL = "libacl_rt_impl.so"
 THIN = ["libacl_rt.so", "libascendcl.so"]
+RTC_SOURCE = "acl_rtc_double.c"  # libacl_rtc.so: the runtime compiler (aclrtc) for the kernel dialect
+RTC = "libacl_rtc.so"
 
 # --- aclnn operator part of the double (libnnopbase.so, libopapi_math.so, libopapi_nn.so and the
 # combined libopapi.so), each linked against libacl_rt_impl.so (one device state per process) ---
@@ -92,7 +95,7 @@ def _cache_root() -> Path:
 
 def _key(src: Path, cc: list[str]) -> str:
     h = hashlib.sha256()
-    for name in sorted([*IMPL_SOURCES, *HEADERS, THIN_SOURCE, *ACLNN_SOURCES]):
+    for name in sorted([*IMPL_SOURCES, *HEADERS, THIN_SOURCE, *ACLNN_SOURCES, RTC_SOURCE]):
         h.update(name.encode() + b"\0" + (src / name).read_bytes() + b"\0")
     try:
         ver = subprocess.run([*cc, "--version"], capture_output=True, text=True, check=True).stdout
@@ -109,7 +112,7 @@ def _run(cmd: list[str], cwd: Path) -> None:
 
 
 def _complete(d: Path) -> bool:
-    return all((d / n).is_file() for n in [IMPL, *THIN, *ACLNN_LIBS, KERNEL_HEADER])
+    return all((d / n).is_file() for n in [IMPL, *THIN, *ACLNN_LIBS, KERNEL_HEADER, RTC])
 
 
 def build(force: bool = False) -> Path:
@@ -125,6 +128,7 @@ def build(force: bool = False) -> Path:
         impl = [*cc, *CFLAGS, "-fvisibility=hidden", "-o", str(tmp / IMPL), *[str(src / s) for s in IMPL_SOURCES]]
         _run([*impl, "-ldl"], tmp)
         shutil.copyfile(src / KERNEL_HEADER, tmp / KERNEL_HEADER)  # for kernel binaries (compile_kernel)
+        _run([*cc, *CFLAGS, "-fvisibility=hidden", "-o", str(tmp / RTC), str(src / RTC_SOURCE), "-ldl"], tmp)
         for name in THIN:
             cmd = [*cc, *CFLAGS, "-o", str(tmp / name), str(src / THIN_SOURCE), "-Wl,--no-as-needed"]
             _run([*cmd, f"-L{tmp}", "-lacl_rt_impl", "-Wl,-rpath,$ORIGIN"], tmp)
