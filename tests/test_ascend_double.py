@@ -591,3 +591,64 @@ def test_internal_kernel_api(lib_dir):
         ck(A.aclFinalize())
         """,
     )
+
+
+def test_kernel_binaries_load_launch_and_refuse(lib_dir, tmp_path):
+    source = tmp_path / "k.c"
+    source.write_text(
+        '#include "acldouble_kernel.h"\n'
+        'ACLDOUBLE_KERNEL_ARGS(fill, "pil")\n'
+        "__global__ __aicore__ void fill(GM_ADDR p, uint32_t n, int64_t v) {\n"
+        "    for (uint32_t i = GetBlockIdx(); i < n; i += GetBlockNum()) ((int64_t *)p)[i] = v + (int64_t)i;\n"
+        "}\n"
+    )
+    binary = _load_builder().compile_kernel(source, tmp_path / "k.so")
+    out = ok(
+        lib_dir,
+        f"""
+        import struct
+        for n, a in {{"aclrtBinaryLoadFromFile": [ctypes.c_char_p, c_void_p, POINTER(c_void_p)],
+                      "aclrtBinaryLoadFromData": [c_void_p, c_size_t, c_void_p, POINTER(c_void_p)],
+                      "aclrtBinaryGetFunction": [c_void_p, ctypes.c_char_p, POINTER(c_void_p)],
+                      "aclrtBinaryUnLoad": [c_void_p],
+                      "aclrtLaunchKernelWithHostArgs": [c_void_p, c_uint32, c_void_p, c_void_p, c_void_p, c_size_t,
+                                                        c_void_p, c_size_t]}}.items():
+            getattr(A, n).argtypes = a
+        path = {str(binary)!r}.encode()
+        b, f = c_void_p(), c_void_p()
+        assert A.aclrtBinaryLoadFromFile(path, None, byref(b)) == 100001   # before aclInit
+        setup()
+        assert A.aclrtBinaryLoadFromFile(b"/nonexistent.so", None, byref(b)) == 100003
+        ck(A.aclrtBinaryLoadFromFile(path, None, byref(b)))
+        assert A.aclrtBinaryGetFunction(b, b"missing", byref(f)) == 107000
+        ck(A.aclrtBinaryGetFunction(b, b"fill", byref(f)))
+        s = stream()
+        p = dmalloc(8 * 100)
+        args = struct.pack("=QIxxxxq", p, 100, 7)            # C layout: pointer, uint32 (+4 pad), int64
+        buf = ctypes.create_string_buffer(args, len(args))
+        assert A.aclrtLaunchKernelWithHostArgs(f, 0, s, None, buf, len(args), None, 0) == 100000   # no blocks
+        assert A.aclrtLaunchKernelWithHostArgs(f, 3, s, None, buf, len(args) - 8, None, 0) == 100000  # short
+        host = (ctypes.c_int64 * 4)()
+        bad = ctypes.create_string_buffer(struct.pack("=QIxxxxq", ctypes.addressof(host), 4, 1), len(args))
+        assert A.aclrtLaunchKernelWithHostArgs(f, 3, s, None, bad, len(args), None, 0) == 107000     # host pointer
+        assert "not device memory" in msg()
+        ck(A.aclrtLaunchKernelWithHostArgs(f, 3, s, None, buf, len(args), None, 0))
+        got = (ctypes.c_int64 * 100)()
+        ck(A.aclrtSynchronizeStream(s))
+        ck(A.aclrtMemcpy(got, 800, p, 800, 2))
+        assert list(got) == [7 + i for i in range(100)], list(got)[:5]
+        # unloading with a launch queued: the launch still runs, then the binary goes
+        ck(A.aclrtLaunchKernelWithHostArgs(f, 1, s, None, buf, len(args), None, 0))
+        ck(A.aclrtBinaryUnLoad(b))
+        assert A.aclrtBinaryUnLoad(b) == 107000
+        assert A.aclrtLaunchKernelWithHostArgs(f, 1, s, None, buf, len(args), None, 0) == 107000
+        ck(A.aclrtSynchronizeStream(s))
+        data = open(path.decode(), "rb").read()
+        ck(A.aclrtBinaryLoadFromData(data, len(data), None, byref(b)))
+        ck(A.aclrtBinaryGetFunction(b, b"fill", byref(f)))
+        ck(A.aclrtBinaryUnLoad(b))
+        ck(A.aclrtFree(p)); ck(A.aclrtDestroyStream(s)); ck(A.aclrtResetDevice(0)); ck(A.aclFinalize())
+        print("done")
+        """,
+    )
+    assert out.strip() == "done"
