@@ -887,8 +887,10 @@ fn two_host_functions_waiting_for_each_other_fail_instead_of_hanging(ctx: &'stat
     // On x: a host function that waits for s past the host function queued next on s.
     let after_s = Event::new(ctx).unwrap();
     let (tx_x, rx_x) = mpsc::channel();
+    let (started_tx, started) = mpsc::channel();
     let wait_s = after_s.clone();
     x.launch_host_func(Box::new(move || {
+        let _ = started_tx.send(());
         let _ = tx_x.send(wait_s.synchronize());
         Ok(())
     }))
@@ -902,7 +904,10 @@ fn two_host_functions_waiting_for_each_other_fail_instead_of_hanging(ctx: &'stat
     }))
     .unwrap();
     after_s.record(&s).unwrap();
-    thread::sleep(Duration::from_millis(50)); // x's host function is blocked waiting by now
+    // x's host function is running (a loaded machine may take long to start it), then blocked
+    // waiting shortly after.
+    started.recv_timeout(Duration::from_secs(10)).expect("x's host function never ran");
+    thread::sleep(Duration::from_millis(50));
     release.send(()).unwrap();
     assert_refused(rx_s.recv_timeout(Duration::from_secs(10)).expect("hung"), "a wait cycle through another worker");
     rx_x.recv_timeout(Duration::from_secs(10)).expect("hung").expect("x's wait ends once s moves on");
