@@ -55,9 +55,9 @@ static void *open_lib(const char *dir, const char *name) {
         }                                                                                                              \
     } while (0)
 
-static double now(void) {
+static double now(clockid_t clock) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(clock, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
@@ -117,9 +117,9 @@ int main(int argc, char **argv) {
     for (int i = 0; i < RING; i++) CHECK(create_event(&ring[i], 0x1u | 0x8u)); /* SYNC | TIME_LINE */
 
     for (int with_event = 0; with_event < 2; with_event++) {
-        double best = 1e9;
+        double best = 1e9, best_cpu = 1e9;
         for (int round = 0; round < 9; round++) {
-            double began = now();
+            double began = now(CLOCK_MONOTONIC), began_cpu = now(CLOCK_THREAD_CPUTIME_ID);
             for (long k = 0; k < calls; k++) {
                 CHECK(set_input(exec, 0, t[0], buf[0]));
                 CHECK(set_input(exec, 1, t[1], buf[1]));
@@ -132,11 +132,16 @@ int main(int argc, char **argv) {
                     CHECK(record_event(event, stream));
                 }
             }
-            double spent = (now() - began) / (double)calls;
+            double spent = (now(CLOCK_MONOTONIC) - began) / (double)calls;
+            double spent_cpu = (now(CLOCK_THREAD_CPUTIME_ID) - began_cpu) / (double)calls;
             CHECK(sync_stream(stream));
             if (spent < best) best = spent;
+            if (spent_cpu < best_cpu) best_cpu = spent_cpu;
         }
+        /* Wall time, and the calling thread's CPU time (what the launch costs the host, not
+           counting time the thread was preempted on this shared machine). */
         printf("%s %.1f\n", with_event ? "floor_event_ns" : "floor_ns", best * 1e9);
+        printf("%s %.1f\n", with_event ? "floor_event_cpu_ns" : "floor_cpu_ns", best_cpu * 1e9);
     }
 
     for (int i = 0; i < RING; i++) CHECK(destroy_event(ring[i]));

@@ -504,6 +504,27 @@ print("many layouts:", executors())
     assert int(lines[-1]) <= 64, done.stdout  # the thread's cache is bounded
 
 
+def test_launches_record_an_event_only_when_something_waits() -> None:
+    """A tensor remembers where the work on it ends as a mark of its stream, made into an ACL
+    event only when another stream or the host waits for it: a chain of launches costs no event
+    each. With the 20th aclrtRecordEvent failing, 1,000 launches then one read succeed; reading
+    after every launch (an event each) meets the failure."""
+    chain = """
+        import numpy as np, opbridge as ob
+        x = ob.asarray(np.arange(4, dtype=np.float32), device="ascend:0")
+        y = x
+        for _ in range(1000):
+            y = ob.ops.add(y, x)
+            {read}
+        print(y.numpy().tolist())
+    """
+    done = run_python(chain.format(read="pass"), ACLDOUBLE_FAIL="aclrtRecordEvent:20")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str([1001.0 * i for i in range(4)])
+    done = run_python(chain.format(read="y.numpy()"), ACLDOUBLE_FAIL="aclrtRecordEvent:20")
+    assert done.returncode != 0 and "aclrtRecordEvent" in done.stderr, done.stderr
+
+
 def test_the_executor_cache_can_be_turned_off() -> None:
     done = run_python(
         EXECUTOR_COUNT

@@ -329,7 +329,7 @@ impl Aclnn {
             && self.destroy_executor.is_some()
             && self.set_input_addr.is_some()
             && self.set_output_addr.is_some();
-        let key = executors::CallKey { op: call.name, device: device.index, extra: call.extra, tensors: call.tensors };
+        let key = executors::CallKey::new(call.name, device.index, call.extra, call.tensors);
         if reusable {
             if let Some(cached) = executors::find(&key) {
                 // `None`: the driver refused the reuse (the executor was forgotten): both phases.

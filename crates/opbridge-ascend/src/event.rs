@@ -50,13 +50,18 @@ const SPARE_EVENTS: usize = 64;
 impl Spares {
     /// The oldest kept event of device `index` if it has completed (the device is current).
     fn take(&self, runtime: &Runtime, index: usize) -> Option<RawEvent> {
-        let mut spares = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let at = spares.iter().position(|(i, _)| *i == index)?;
-        let raw = spares[at].1 .0;
-        if !completed(runtime, raw) {
-            return None;
+        let (_, spare) = {
+            let mut spares = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            let at = spares.iter().position(|(i, _)| *i == index)?;
+            spares.remove(at)?
+        };
+        // The driver is asked outside the lock, so other threads' launches do not wait on it.
+        if completed(runtime, spare.0) {
+            return Some(spare.0);
         }
-        spares.remove(at).map(|(_, SpareEvent(raw))| raw)
+        // Still pending: kept again, first in line (the cap may be passed by one meanwhile).
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).push_front((index, spare));
+        None
     }
 
     /// Keeps `raw`; false when full (the caller destroys it).

@@ -63,25 +63,27 @@ impl TensorLayout {
 }
 
 /// What identifies a reusable executor: the operator, its device, its by-value arguments and
-/// the layout of its tensors (inputs, then the output).
+/// the layout of its tensors (inputs, then the output). Hashed once, for the lookup and for the
+/// insert that follows a miss.
 #[derive(Debug)]
 pub struct CallKey<'a> {
-    pub op: &'static str,
-    pub device: usize,
+    op: &'static str,
+    device: usize,
     /// By-value arguments of phase 1 besides tensors (the target dtype of a cast).
-    pub extra: i64,
-    pub tensors: &'a [&'a Tensor],
+    extra: i64,
+    tensors: &'a [&'a Tensor],
+    hash: u64,
 }
 
-impl CallKey<'_> {
-    fn hash(&self) -> u64 {
+impl<'a> CallKey<'a> {
+    pub fn new(op: &'static str, device: usize, extra: i64, tensors: &'a [&'a Tensor]) -> CallKey<'a> {
         let mut hasher = rustc_hash::FxHasher::default(); // fast; a collision only costs a compare
-        (self.op, self.device, self.extra).hash(&mut hasher);
-        for tensor in self.tensors {
+        (op, device, extra).hash(&mut hasher);
+        for tensor in tensors {
             (tensor.dtype(), tensor.shape(), tensor.strides(), tensor.byte_offset(), tensor.storage().len())
                 .hash(&mut hasher);
         }
-        hasher.finish()
+        CallKey { op, device, extra, tensors, hash: hasher.finish() }
     }
 }
 
@@ -172,7 +174,7 @@ fn with_mine<R>(f: impl FnOnce(&mut ThreadCache) -> R) -> R {
 
 /// The cached executor for `key`, if this thread has one.
 pub fn find(key: &CallKey<'_>) -> Option<Arc<Cached>> {
-    let hash = key.hash();
+    let hash = key.hash;
     with_mine(|cache| {
         cache.clock += 1;
         let now = cache.clock;
@@ -192,7 +194,7 @@ pub fn find(key: &CallKey<'_>) -> Option<Arc<Cached>> {
 /// Keeps `cached` for calls like `key`, evicting the least recently used executor when full.
 pub fn insert(key: &CallKey<'_>, cached: Cached) {
     let slot = Slot {
-        hash: key.hash(),
+        hash: key.hash,
         op: key.op,
         device: key.device,
         extra: key.extra,

@@ -11,7 +11,7 @@ use std::ffi::{c_void, CString};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use opbridge_runtime::{DeviceId, Error, Event, Result, Stream, StreamId, Tensor};
+use opbridge_runtime::{DeviceId, Error, Mark, Result, Stream, StreamId, Tensor};
 
 use crate::device::{ascend, Runtime};
 use crate::result::check;
@@ -93,9 +93,9 @@ pub struct AscendKernel {
     function: RawFunction,
     name: String,
     params: Vec<Param>,
-    /// The last launch's completion event on each stream used: the binary is unloaded only after
+    /// The point after the last launch on each stream used: the binary is unloaded only after
     /// them.
-    pending: Mutex<Vec<(StreamId, Event)>>,
+    pending: Mutex<Vec<(StreamId, Mark)>>,
 }
 
 // SAFETY: binary and function handles are process-wide ACL objects, used only after binding the
@@ -141,13 +141,10 @@ impl AscendKernel {
         if device.kind != opbridge_runtime::DeviceKind::Ascend {
             return Err(Error::Device { device, message: "an Ascend kernel needs an ascend device".into() });
         }
+        // Opening the device checks the driver and the index, with the messages every other
+        // use of the device gives.
+        opbridge_runtime::DeviceContext::get(device)?;
         let runtime = crate::backend().runtime().map_err(|reason| Error::Unavailable { device, reason })?;
-        if device.index >= runtime.device_count {
-            return Err(Error::Unavailable {
-                device,
-                reason: format!("the driver reports {} Ascend device(s)", runtime.device_count),
-            });
-        }
         runtime.bind(device.index)?;
         Ok((runtime, device.index))
     }
@@ -302,7 +299,7 @@ impl AscendKernel {
             };
             check(&self.runtime.acl, device, "aclrtLaunchKernelWithHostArgs", code)
         })?;
-        // One event per stream is enough: a stream's launches complete in order.
+        // One mark per stream is enough: a stream's launches complete in order.
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
         pending.retain(|(id, _)| *id != stream.id());
         pending.push((stream.id(), done));
@@ -316,8 +313,8 @@ impl Drop for AscendKernel {
             return;
         }
         // Launches still queued use the binary: it goes only after them.
-        for (_, event) in self.pending.get_mut().unwrap_or_else(|p| p.into_inner()).drain(..) {
-            let _ = event.synchronize();
+        for (_, mark) in self.pending.get_mut().unwrap_or_else(|p| p.into_inner()).drain(..) {
+            let _ = mark.synchronize();
         }
         if let (Some(unload), Ok(())) = (self.runtime.acl.aclrtBinaryUnLoad, self.runtime.bind(self.index)) {
             // SAFETY: our binary, with no launch left to run; unloaded once.

@@ -66,10 +66,22 @@ fn code_name(code: Status) -> &'static str {
 }
 
 fn load() -> Result<Rtc, String> {
-    let runtime = crate::backend().runtime()?;
-    let folder = runtime.acl.path.parent().map(|p| p.join("libacl_rtc.so")).filter(|p| p.exists());
+    // Where the ACL runtime is looked for (no driver start needed to compile), then, unless a
+    // folder was named explicitly, the system loader's own search.
     let mut tried = Vec::new();
-    for path in folder.into_iter().chain([PathBuf::from("libacl_rtc.so")]) {
+    let mut candidates = Vec::new();
+    for (folder, source) in crate::sys::search_folders() {
+        let path = folder.join("libacl_rtc.so");
+        if path.exists() {
+            candidates.push(path);
+        } else {
+            tried.push(format!("{} (from {source}): not found", path.display()));
+        }
+    }
+    if !crate::sys::explicit_folder() {
+        candidates.push(PathBuf::from("libacl_rtc.so"));
+    }
+    for path in candidates {
         // SAFETY: loading runs the library's initializers: CANN's runtime compiler (or the
         // double's), next to the ACL runtime that was chosen.
         match unsafe { Library::new(&path) } {

@@ -193,8 +193,13 @@ impl Acl {
 /// The names of the ACL runtime library, current first.
 const LIBRARY_NAMES: [&str; 2] = ["libacl_rt.so", "libascendcl.so"];
 
+/// Whether `OPBRIDGE_ASCEND_LIB_DIR` names the one folder to use.
+pub(crate) fn explicit_folder() -> bool {
+    std::env::var_os("OPBRIDGE_ASCEND_LIB_DIR").is_some_and(|d| !d.is_empty())
+}
+
 /// Folders to look in, in order, each with where it came from.
-fn search_folders() -> Vec<(PathBuf, &'static str)> {
+pub(crate) fn search_folders() -> Vec<(PathBuf, &'static str)> {
     let mut folders = Vec::new();
     if let Some(dir) = std::env::var_os("OPBRIDGE_ASCEND_LIB_DIR").filter(|d| !d.is_empty()) {
         // An explicit choice (the test double, or one CANN of several): that folder only, so
@@ -242,7 +247,7 @@ pub fn load() -> Result<Acl, NotLoaded> {
     }
     // Last, the bare names: the system loader's own search (LD_LIBRARY_PATH, ld.so.cache),
     // unless a folder was named explicitly.
-    let explicit = std::env::var_os("OPBRIDGE_ASCEND_LIB_DIR").is_some_and(|d| !d.is_empty());
+    let explicit = explicit_folder();
     // Files that exist but fail to load are "could not be loaded", not "not found".
     let found = !candidates.is_empty();
     if !explicit {

@@ -26,6 +26,8 @@ use crate::registry::Entry;
 use crate::schema::{Attrs, Meta};
 use crate::view::{overlap, Overlap, TensorView};
 
+type Few<T> = smallvec::SmallVec<[T; 4]>;
+
 /// What a call will do, from the inputs' dtypes and shapes alone.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
@@ -283,11 +285,47 @@ pub fn launch(
     stream: &Stream,
     alloc: &dyn Allocate,
 ) -> Result<Vec<Arc<Tensor>>> {
+    let kernel = check_launch(entry, inputs, out, stream, alloc)?;
+    let _span = launch_span(entry, inputs, stream);
+    let metas: Few<Option<Meta>> = inputs.iter().map(|t| t.as_ref().map(|t| Meta::new(t.dtype(), t.shape()))).collect();
+    let plan = plan(entry, &metas, attrs)?;
+    launch_checked(entry, kernel, &plan, attrs, inputs, out, stream, alloc)
+}
+
+/// [`launch`] with the call's plan already made by the caller from these inputs' metas (the
+/// bindings plan before they choose a device, and need not plan twice).
+pub fn launch_planned(
+    entry: &Arc<Entry>,
+    plan: &Plan,
+    attrs: &Attrs,
+    inputs: &[Option<Arc<Tensor>>],
+    out: Option<&[Arc<Tensor>]>,
+    stream: &Stream,
+    alloc: &dyn Allocate,
+) -> Result<Vec<Arc<Tensor>>> {
+    debug_assert!(inputs.len() == plan.inputs.len());
+    let kernel = check_launch(entry, inputs, out, stream, alloc)?;
+    let _span = launch_span(entry, inputs, stream);
+    launch_checked(entry, kernel, plan, attrs, inputs, out, stream, alloc)
+}
+
+/// The profiler's span of a launch (none when it is off or inside a call already profiled).
+fn launch_span(entry: &Entry, inputs: &[Option<Arc<Tensor>>], stream: &Stream) -> Option<profiler::Span> {
+    call_span(entry, inputs.iter().map(|t| t.as_ref().map(|t| (t.dtype(), t.shape()))), stream.device(), stream.id())
+}
+
+/// What every launch checks first: the tensors and the allocator on the stream's device, and a
+/// kernel for it (the operator's device kernel, or `None` for a host kernel on the CPU).
+fn check_launch(
+    entry: &Entry,
+    inputs: &[Option<Arc<Tensor>>],
+    out: Option<&[Arc<Tensor>]>,
+    stream: &Stream,
+    alloc: &dyn Allocate,
+) -> Result<Option<&'static dyn crate::device::DeviceKernel>> {
     let schema = entry.schema();
     let op = || -> Arc<str> { schema.name.as_str().into() };
     let device = stream.device();
-    let _span =
-        call_span(entry, inputs.iter().map(|t| t.as_ref().map(|t| (t.dtype(), t.shape()))), device, stream.id());
     let tensors = inputs.iter().flatten().chain(out.into_iter().flatten());
     if let Some(t) = tensors.clone().find(|t| t.device() != device) {
         return Err(OpError::Device {
@@ -315,10 +353,26 @@ pub fn launch(
             ),
         });
     }
-    let metas: Vec<Option<Meta>> = inputs.iter().map(|t| t.as_ref().map(|t| Meta::new(t.dtype(), t.shape()))).collect();
-    let plan = plan(entry, &metas, attrs)?;
+    Ok(kernel)
+}
+
+/// A checked launch with its plan: on the device kernel, or the host kernel in stream order.
+#[allow(clippy::too_many_arguments)]
+fn launch_checked(
+    entry: &Arc<Entry>,
+    kernel: Option<&'static dyn crate::device::DeviceKernel>,
+    plan: &Plan,
+    attrs: &Attrs,
+    inputs: &[Option<Arc<Tensor>>],
+    out: Option<&[Arc<Tensor>]>,
+    stream: &Stream,
+    alloc: &dyn Allocate,
+) -> Result<Vec<Arc<Tensor>>> {
+    let schema = entry.schema();
+    let op = || -> Arc<str> { schema.name.as_str().into() };
+    let device = stream.device();
     if let Some(kernel) = kernel {
-        return crate::device::launch(entry, kernel, &plan, attrs, inputs, out, stream, alloc);
+        return crate::device::launch(entry, kernel, plan, attrs, inputs, out, stream, alloc);
     }
     let mut converted: Vec<Option<Arc<Tensor>>> = Vec::with_capacity(inputs.len());
     for (t, dtype) in inputs.iter().zip(&plan.inputs) {

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 
-use opbridge_runtime::{DType, DeviceKind, Event};
+use opbridge_runtime::{DType, DeviceKind, Mark};
 
 use crate::error::{OpError, Result};
 use crate::schema::{Attrs, Meta, Schema};
@@ -234,7 +234,7 @@ pub struct Entry {
     /// Completion events of asynchronous calls (some may be done): an unload started from
     /// stream work checks them before it blocks, so it fails instead of waiting for a call
     /// queued behind that very work.
-    queued: Mutex<std::collections::VecDeque<Event>>,
+    queued: Mutex<std::collections::VecDeque<Mark>>,
     /// `name vN`, made once: how device launches name the operator.
     label: std::sync::OnceLock<Arc<str>>,
 }
@@ -322,18 +322,18 @@ impl Entry {
     }
 
     /// Notes the completion event of an asynchronous call (see [`Entry::wait_idle`]).
-    pub fn track(&self, done: Event) {
+    pub fn track(&self, done: Mark) {
         if !self.counted {
             return; // a built-in: nothing waits for its calls (see `counted`)
         }
         let mut queued = self.queued.lock().unwrap_or_else(|p| p.into_inner());
         // Calls on one stream complete in order: drop finished ones from the front, and sweep
         // the rest when the list doubles (amortized constant per call).
-        while queued.front().is_some_and(Event::query) {
+        while queued.front().is_some_and(Mark::known_done) {
             queued.pop_front();
         }
         if queued.len() >= 64 && queued.len().is_power_of_two() {
-            queued.retain(|e| !e.query());
+            queued.retain(|e| !e.query()); // seals the marks' epochs: an event per sweep
         }
         queued.push_back(done);
     }
@@ -362,8 +362,8 @@ impl Entry {
             // the last call can wake us), then look again: a call launched meanwhile on another
             // thread is noted just after it is queued, so the timeout bounds how late we see it.
             drop(lock);
-            let pending: Vec<Event> = self.queued.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect();
-            outcome = pending.iter().try_for_each(Event::synchronize);
+            let pending: Vec<Mark> = self.queued.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect();
+            outcome = pending.iter().try_for_each(Mark::synchronize);
             lock = self.wait.lock().unwrap_or_else(|p| p.into_inner());
             if outcome.is_err() {
                 break;

@@ -12,7 +12,7 @@ use opbridge_ops::dispatch::{self, HostOutputs};
 use opbridge_ops::registry::{Entry, Lane, Registry, ViewLane};
 use opbridge_ops::schema::AttrSpec;
 use opbridge_ops::{overlap, AttrValue, Attrs, Meta, Overlap, TensorView};
-use opbridge_runtime::{DType, DeviceContext, DeviceId, StreamId, Tensor};
+use opbridge_runtime::{DType, DeviceContext, DeviceId, Stream, StreamId, Tensor};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedStr;
@@ -541,6 +541,27 @@ fn call_tensor<'py>(
         device,
         stream.id(),
     );
+    let all_tensors = args.iter().flatten().all(|a| matches!(a, Arg::Tensor(_)));
+    if all_tensors {
+        // Tensors only: one detach for outputs and launch, with the plan made above.
+        let inputs: Few<Option<Arc<Tensor>>> = args
+            .into_iter()
+            .map(|a| match a {
+                Some(Arg::Tensor(t)) => Some(t),
+                _ => None,
+            })
+            .collect();
+        if device.kind != opbridge_runtime::DeviceKind::Cpu {
+            // Device work fails asynchronously: its error will name where it was launched from.
+            opbridge_ops::device::set_call_site(crate::convert::python_call_site(py));
+        }
+        let results = py
+            .detach(|| {
+                dispatch::launch_planned(entry, &plan, &call.attrs, &inputs, outs.as_deref(), &stream, ctx.pool())
+            })
+            .map_err(to_pyerr)?;
+        return finish_tensor_call(py, given, results, &stream);
+    }
     if outs.is_none() {
         // The outputs first (the memory check), from the pool `launch` would take them from.
         let metas = &plan.outputs;
@@ -575,6 +596,17 @@ fn call_tensor<'py>(
     let results = py
         .detach(|| dispatch::launch(entry, attrs, &inputs, outs.as_deref(), &stream, ctx.pool()))
         .map_err(to_pyerr)?;
+    finish_tensor_call(py, given, results, &stream)
+}
+
+/// A Tensor call's return value: its new outputs as Tensors, or the caller's `out=` (numpy
+/// arrays among them are filled before this returns).
+fn finish_tensor_call<'py>(
+    py: Python<'py>,
+    given: Option<Vec<Bound<'py, PyAny>>>,
+    results: Vec<Arc<Tensor>>,
+    stream: &Stream,
+) -> PyResult<Bound<'py, PyAny>> {
     let mut returned: Vec<Bound<'py, PyAny>> = match &given {
         Some(given) => given.clone(),
         None => {

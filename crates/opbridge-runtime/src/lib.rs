@@ -23,8 +23,8 @@ pub use error::{AsyncError, Error, ErrorKind, Result};
 pub use ids::{DeviceId, DeviceKind, DevicePtr};
 pub use memory::{Allocate, Buffer, ChildPool, HostBytes, MemoryPool, PoolStats, SubBuffer, ALIGNMENT};
 pub use stream::{
-    current_stream, enter_stream, on_stream_worker, set_current_stream, CallSite, Event, Launch, Stream, StreamContext,
-    StreamId, StreamUse,
+    current_stream, enter_stream, on_stream_worker, set_current_stream, CallSite, Event, Launch, Mark, Stream,
+    StreamContext, StreamId, StreamUse,
 };
 pub use tensor::{Storage, Tensor};
 

@@ -4,7 +4,7 @@ use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use crate::device::{CopyKind, Device, EventBackend, HostFn, StreamBackend};
 use crate::error::{AsyncError, Error, Result};
@@ -33,6 +33,8 @@ struct StreamInner {
     /// [`RECENT_LAUNCHES`]): an asynchronous failure names them, since the driver does not say
     /// which one failed.
     launches: Mutex<VecDeque<Launch>>,
+    /// Points of this stream's order that tensors remember (see [`Mark`]).
+    marks: Arc<Marks>,
 }
 
 /// Device work launched on a stream, as an asynchronous failure names it: what ran (`add v1`)
@@ -75,6 +77,9 @@ impl Drop for StreamInner {
     /// streams whose work has finished since are let go here too, so dropping streams never
     /// piles up workers.
     fn drop(&mut self) {
+        // Marks taken on it keep their meaning without the stream: an event ends their epoch
+        // (a stream whose work cannot run here, a fork's, has nothing to record).
+        let _ = self.marks.seal();
         // Its resources (a worker thread) go once the queued work is done, however long the
         // registry or a pool block's record of use keeps the backend.
         self.backend.close();
@@ -109,12 +114,14 @@ impl Stream {
     /// Creates a new stream on the device of `ctx` and registers it for `synchronize_all`.
     pub fn new(ctx: &DeviceContext) -> Result<Stream> {
         let backend = ctx.device().create_stream()?;
+        let marks = Marks::new(Arc::clone(ctx.device()), Arc::downgrade(&backend));
         let stream = Stream(Arc::new(StreamInner {
             id: StreamId(NEXT_STREAM.fetch_add(1, Ordering::Relaxed)),
             device: Arc::clone(ctx.device()),
             backend,
             registry: Arc::downgrade(&ctx.streams),
             launches: Mutex::default(),
+            marks,
         }));
         ctx.streams.register(&stream);
         Ok(stream)
@@ -135,6 +142,9 @@ impl Stream {
 
     /// Enqueues a host function, run after all earlier work on this stream.
     pub fn launch_host_func(&self, func: HostFn) -> Result<()> {
+        // Marks taken so far must not come to mean "after this function" (which may block on
+        // the host, e.g. on a thread that waits for one of them): see [`Mark`].
+        self.0.marks.seal()?;
         let flow = profiler::enqueue("host_func", "host function");
         if flow == 0 {
             return self.0.backend.launch_host_func(func);
@@ -200,8 +210,15 @@ impl Stream {
         Ok(event)
     }
 
+    /// The point after the work enqueued on this stream so far, for whoever may later have to
+    /// wait for it (see [`Mark`]): costs no driver call.
+    pub fn mark(&self) -> Mark {
+        self.0.marks.mark()
+    }
+
     /// Later work on this stream waits for `event`.
     pub fn wait_event(&self, event: &Event) -> Result<()> {
+        self.0.marks.seal()?; // as for host functions: a wait may depend on the host
         let _span = profiler::span("sync", "stream wait_event", || vec![("stream", self.id().0.into())]);
         self.0.backend.wait(&event.backend)
     }
@@ -297,6 +314,114 @@ impl StreamUse {
         let event = Event::from_device(device)?;
         backend.record(&event.backend)?;
         Ok(Some(event))
+    }
+}
+
+/// A point in a stream's order (the end of a launch), made into a driver event only when
+/// someone has to wait for it.
+///
+/// Most launches are never waited on from another stream or the host: their output is read
+/// by later work on the same stream, or dropped. Recording an event after each one costs two
+/// driver calls per launch. Instead, marks taken between two events share an *epoch*, which
+/// one event recorded later closes (`seal`). That event comes after more work than the mark
+/// needs, which only delays a waiter, never lets it pass early. To keep that delay finite, an
+/// epoch is sealed before anything that may wait on the host is enqueued on the stream (a host
+/// function, a wait for another stream's event): between a mark and its event there is then
+/// only device work, which completes once the work before it has.
+#[derive(Clone)]
+pub struct Mark(Arc<Epoch>);
+
+struct Epoch {
+    /// The event that ends this epoch, once sealed.
+    event: OnceLock<Event>,
+    /// The stream's marks (a weak link: the stream seals its last epoch when it is dropped).
+    marks: Weak<Marks>,
+}
+
+/// A stream's current epoch and how to seal it.
+pub(crate) struct Marks {
+    device: Arc<dyn Device>,
+    backend: Weak<dyn StreamBackend>,
+    /// The open epoch, and whether any mark was taken in it.
+    current: Mutex<(Arc<Epoch>, bool)>,
+}
+
+impl Marks {
+    fn new(device: Arc<dyn Device>, backend: Weak<dyn StreamBackend>) -> Arc<Marks> {
+        Arc::new_cyclic(|me| Marks {
+            device,
+            backend,
+            current: Mutex::new((Arc::new(Epoch { event: OnceLock::new(), marks: me.clone() }), false)),
+        })
+    }
+
+    fn mark(&self) -> Mark {
+        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        current.1 = true;
+        Mark(Arc::clone(&current.0))
+    }
+
+    /// Ends the open epoch with an event at the current end of the stream, if it has marks.
+    fn seal(&self) -> Result<()> {
+        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        if !current.1 {
+            return Ok(());
+        }
+        // Gone with its work done, or a fork's parent's: nothing its marks could wait for.
+        let Some(backend) = self.backend.upgrade().filter(|b| !b.orphaned()) else { return Ok(()) };
+        let event = Event::from_device(self.device.as_ref())?;
+        backend.record(&event.backend)?;
+        let _ = current.0.event.set(event);
+        let marks = current.0.marks.clone();
+        *current = (Arc::new(Epoch { event: OnceLock::new(), marks }), false);
+        Ok(())
+    }
+}
+
+impl Mark {
+    /// An event that completes once the stream has passed this mark (sealing its epoch if
+    /// needed), or `None` when there is nothing left to wait for (the stream is gone with its
+    /// work done).
+    pub fn event(&self) -> Result<Option<Event>> {
+        if let Some(event) = self.0.event.get() {
+            return Ok(Some(event.clone()));
+        }
+        if let Some(marks) = self.0.marks.upgrade() {
+            marks.seal()?;
+        }
+        Ok(self.0.event.get().cloned())
+    }
+
+    /// True when the stream has passed this mark (seals its epoch to find out).
+    pub fn query(&self) -> bool {
+        match self.event() {
+            Ok(Some(event)) => event.query(),
+            Ok(None) => true,
+            Err(_) => false,
+        }
+    }
+
+    /// True when the mark is known to be passed without asking for a new event: an unsealed
+    /// mark answers false (it may still be pending).
+    pub fn known_done(&self) -> bool {
+        self.0.event.get().is_some_and(Event::query)
+    }
+
+    /// Blocks until the stream has passed this mark.
+    pub fn synchronize(&self) -> Result<()> {
+        match self.event()? {
+            Some(event) => event.synchronize(),
+            None => Ok(()),
+        }
+    }
+}
+
+impl fmt::Debug for Mark {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0.event.get() {
+            Some(event) => write!(f, "Mark({event:?})"),
+            None => f.write_str("Mark(unsealed)"),
+        }
     }
 }
 

@@ -9,7 +9,7 @@ use crate::dtype::DType;
 use crate::error::{AsyncError, Error, Result};
 use crate::ids::{DeviceId, DevicePtr};
 use crate::memory::{Allocate, Buffer};
-use crate::stream::{Event, Stream, StreamId};
+use crate::stream::{Mark, Stream, StreamId};
 use crate::DeviceContext;
 
 /// Where a tensor's bytes live.
@@ -53,8 +53,10 @@ impl Storage {
 /// The last accesses of a tensor by stream work, so later work on other streams waits for them.
 #[derive(Debug, Default)]
 struct Access {
-    write: Option<(StreamId, Event)>,
-    reads: Vec<(StreamId, Event)>,
+    /// Where the last write and the unfinished reads end, per stream ([`Mark`]s: made into
+    /// events only when another stream or the host has to wait for them).
+    write: Option<(StreamId, Mark)>,
+    reads: Vec<(StreamId, Mark)>,
     /// Set by the last writing kernel if it failed: host reads report it instead of returning
     /// whatever the failed kernel left in memory.
     failure: Option<Arc<Mutex<Option<AsyncError>>>>,
@@ -201,9 +203,9 @@ impl Tensor {
         Tensor::launch_event(stream, reads, writes, kernel).map(drop)
     }
 
-    /// [`Tensor::launch`], returning the event that completes once `kernel` has run (what
-    /// whoever must wait for that kernel, e.g. an unload, waits on).
-    pub fn launch_event(stream: &Stream, reads: &[&Tensor], writes: &[&Tensor], kernel: HostFn) -> Result<Event> {
+    /// [`Tensor::launch`], returning the point after `kernel` in stream order (what whoever
+    /// must wait for that kernel, e.g. an unload, waits on).
+    pub fn launch_event(stream: &Stream, reads: &[&Tensor], writes: &[&Tensor], kernel: HostFn) -> Result<Mark> {
         Tensor::order_after_access(stream, reads, writes)?;
         // Borrowed memory (a numpy array) must outlive the kernel even if every tensor over it
         // is dropped first: the kernel holds its storage until it has run. Pool blocks need no
@@ -231,7 +233,7 @@ impl Tensor {
         reads: &[&Tensor],
         writes: &[&Tensor],
         enqueue: impl FnOnce(&Stream) -> Result<()>,
-    ) -> Result<Event> {
+    ) -> Result<Mark> {
         Tensor::order_after_access(stream, reads, writes)?;
         enqueue(stream)?;
         let borrowed = Tensor::borrowed_storage(reads, writes);
@@ -249,25 +251,30 @@ impl Tensor {
     /// conflicts with (reads wait for writes; writes wait for reads and writes), and tells the
     /// pool which blocks the stream uses, so freeing them is safe without `record_stream`.
     fn order_after_access(stream: &Stream, reads: &[&Tensor], writes: &[&Tensor]) -> Result<()> {
-        let mut waits: Vec<Event> = Vec::new();
-        let mut wait_for = |owner: StreamId, event: &Event| {
-            if owner != stream.id() && !event.query() {
-                waits.push(event.clone());
+        // Other streams' marks, turned into events outside the tensors' locks.
+        let mut marks: Vec<Mark> = Vec::new();
+        let mut wait_for = |owner: StreamId, mark: &Mark| {
+            if owner != stream.id() && !mark.known_done() {
+                marks.push(mark.clone());
             }
         };
         for tensor in reads {
-            if let Some((owner, event)) = &tensor.lock_access().write {
-                wait_for(*owner, event);
+            if let Some((owner, mark)) = &tensor.lock_access().write {
+                wait_for(*owner, mark);
             }
         }
         for tensor in writes {
             let access = tensor.lock_access();
-            for (owner, event) in access.write.iter().chain(&access.reads) {
-                wait_for(*owner, event);
+            for (owner, mark) in access.write.iter().chain(&access.reads) {
+                wait_for(*owner, mark);
             }
         }
-        for event in &waits {
-            stream.wait_event(event)?;
+        for mark in &marks {
+            if let Some(event) = mark.event()? {
+                if !event.query() {
+                    stream.wait_event(&event)?;
+                }
+            }
         }
         for tensor in reads.iter().chain(writes) {
             if let Storage::Pool(buffer) = tensor.storage.as_ref() {
@@ -293,19 +300,19 @@ impl Tensor {
         reads: &[&Tensor],
         writes: &[&Tensor],
         failure: Option<Arc<Mutex<Option<AsyncError>>>>,
-    ) -> Result<Event> {
-        let done = stream.record_new_event()?;
+    ) -> Result<Mark> {
+        let done = stream.mark();
         for tensor in reads {
             let mut access = tensor.lock_access();
             // One read per stream is enough: `done` comes after this stream's earlier reads.
-            access.reads.retain(|(owner, e)| *owner != stream.id() && !e.query());
+            access.reads.retain(|(owner, e)| *owner != stream.id() && !e.known_done());
             access.reads.push((stream.id(), done.clone()));
         }
         for tensor in writes {
             let mut access = tensor.lock_access();
             // Unfinished reads stay: one recorded by another thread after this write looked
             // (`order_after_access`) was not waited for.
-            access.reads.retain(|(_, e)| !e.query());
+            access.reads.retain(|(_, e)| !e.known_done());
             access.write = Some((stream.id(), done.clone()));
             access.writer = failure.is_none().then(|| stream.clone());
             access.failure = failure.clone();
@@ -336,14 +343,15 @@ impl Tensor {
     /// host would not.
     pub fn mark_allocated_on(&self, stream: &Stream) -> Result<()> {
         if !stream.query() {
-            self.lock_access().write = Some((stream.id(), stream.record_new_event()?));
+            self.lock_access().write = Some((stream.id(), stream.mark()));
         }
         Ok(())
     }
 
     /// True when no enqueued work still writes this tensor.
     pub fn is_ready(&self) -> bool {
-        self.lock_access().write.as_ref().is_none_or(|(_, e)| e.query())
+        let write = self.lock_access().write.clone();
+        write.is_none_or(|(_, e)| e.query())
     }
 
     /// Blocks until all enqueued work writing this tensor is done (before host reads).
@@ -376,11 +384,11 @@ impl Tensor {
 
     /// Blocks until all enqueued work reading or writing this tensor is done (before host writes).
     pub fn wait_idle(&self) -> Result<()> {
-        let events: Vec<Event> = {
+        let marks: Vec<Mark> = {
             let access = self.lock_access();
             access.write.iter().chain(&access.reads).map(|(_, e)| e.clone()).collect()
         };
-        events.iter().try_for_each(Event::synchronize)
+        marks.iter().try_for_each(Mark::synchronize)
     }
 
     fn lock_access(&self) -> std::sync::MutexGuard<'_, Access> {

@@ -495,6 +495,65 @@ fn tensor_read_on_another_stream_sees_the_write(ctx: &'static Arc<DeviceContext>
 }
 test_device!(tensor_read_on_another_stream_sees_the_write);
 
+/// Tensors remember where their work ends as marks, made into events only when waited on
+/// (see `Mark`). A host function (or a wait for another stream) queued after the work must not
+/// become part of what a later wait covers: it may itself wait for the thread that waits.
+fn marks_are_sealed_before_host_functions_and_stream_waits(ctx: &'static Arc<DeviceContext>) {
+    let _serial = serial();
+    let (s, x) = (new_stream(ctx), new_stream(ctx));
+    let tensor = Arc::new(Tensor::empty(ctx, &[4], DType::F32, s.id()).unwrap());
+    Tensor::launch(&s, &[], &[&tensor], Box::new(|| Ok(()))).unwrap();
+    // After the write: a host function that waits until the write has been seen from the host.
+    let (release, blocked) = gate();
+    s.launch_host_func(blocked).unwrap();
+    let reader = Arc::clone(&tensor);
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        let _ = tx.send(reader.wait_ready());
+    });
+    rx.recv_timeout(Duration::from_secs(10))
+        .expect("the host read waited for the host function queued after the write")
+        .unwrap();
+    release.send(()).unwrap();
+    s.synchronize().unwrap();
+
+    // The same for a wait on another stream's event that is held up on the host.
+    let written = Arc::new(Tensor::empty(ctx, &[4], DType::F32, s.id()).unwrap());
+    let (release_x, blocked_x) = gate();
+    x.launch_host_func(blocked_x).unwrap();
+    let after_x = x.record_new_event().unwrap();
+    Tensor::launch(&s, &[], &[&written], Box::new(|| Ok(()))).unwrap();
+    s.wait_event(&after_x).unwrap();
+    let reader = Arc::clone(&written);
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        let _ = tx.send(reader.wait_ready());
+    });
+    rx.recv_timeout(Duration::from_secs(10)).expect("the host read waited for the other stream").unwrap();
+    assert!(!s.query(), "s still waits for x");
+    release_x.send(()).unwrap();
+    s.synchronize().unwrap();
+    x.synchronize().unwrap();
+}
+test_device!(marks_are_sealed_before_host_functions_and_stream_waits);
+
+/// A mark outlives its stream: dropping the stream seals it, and waiting on it still works.
+fn marks_of_a_dropped_stream_still_wait_for_its_work(ctx: &'static Arc<DeviceContext>) {
+    let _serial = serial();
+    let s = new_stream(ctx);
+    let tensor = Tensor::empty(ctx, &[4], DType::F32, s.id()).unwrap();
+    let (release, blocked) = gate();
+    Tensor::launch(&s, &[], &[&tensor], blocked).unwrap();
+    let done = s.mark();
+    drop(s);
+    assert!(!done.query() && !tensor.is_ready(), "the dropped stream's work is still queued");
+    release.send(()).unwrap();
+    done.synchronize().unwrap();
+    tensor.wait_ready().unwrap();
+    assert!(done.query() && done.known_done() && tensor.is_ready());
+}
+test_device!(marks_of_a_dropped_stream_still_wait_for_its_work);
+
 fn tensor_write_waits_for_reads_and_writes_on_other_streams(ctx: &'static Arc<DeviceContext>) {
     let _serial = serial();
     let (a, b, c) = (new_stream(ctx), new_stream(ctx), new_stream(ctx));
