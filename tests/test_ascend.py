@@ -525,6 +525,43 @@ def test_launches_record_an_event_only_when_something_waits() -> None:
     assert done.returncode != 0 and "aclrtRecordEvent" in done.stderr, done.stderr
 
 
+def test_another_stream_waits_for_the_write_not_for_host_functions_queued_after_it() -> None:
+    """The end of a launch is only marked; the event that ends the mark's epoch is recorded
+    before a host function or a stream wait is queued, so work on another stream that reads the
+    result never waits for one that waits for the host (which could hang)."""
+    import threading
+
+    s, x, u = ob.Stream(device=DEV), ob.Stream(device=DEV), ob.Stream(device=DEV)
+    a = np.arange(64, dtype=np.float32)
+    t = ob.asarray(a, device=DEV)
+    released = threading.Event()
+    waited: list[bool] = []
+    with s:
+        y = ob.ops.add(t, t)
+        s.launch_host_func(lambda: waited.append(released.wait(10)))
+    with u:
+        w = ob.ops.mul(y, y)  # waits for y's write on s, not for the host function after it
+    u.synchronize()
+    assert not waited, "u waited for s's host function"
+    released.set()
+    np.testing.assert_array_equal(w.numpy(), (a + a) ** 2)
+
+    gate = threading.Event()
+    x.launch_host_func(lambda: waited.append(gate.wait(10)))
+    with s:
+        z = ob.ops.mul(t, t)
+        s.wait_event(x.record_event())  # s is held up behind x's host function
+    with u:
+        v = ob.ops.add(z, z)
+    u.synchronize()
+    assert len(waited) == 1, "u waited for the stream wait queued after z's write"
+    gate.set()
+    np.testing.assert_array_equal(v.numpy(), 2 * a * a)
+    s.synchronize()
+    x.synchronize()
+    assert waited == [True, True]
+
+
 def test_the_executor_cache_can_be_turned_off() -> None:
     done = run_python(
         EXECUTOR_COUNT

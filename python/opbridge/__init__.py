@@ -43,7 +43,7 @@ from ._native import (
     zeros,
 )
 from .ops import list_ops
-from .tuning import calibrate
+from .tuning import calibrate, crossovers, explain, set_crossover
 
 
 def _package_version() -> str:
@@ -70,6 +70,7 @@ from .doctor import doctor  # noqa: E402
 from .memory import memory_snapshot, memory_summary  # noqa: E402
 
 tuning._load_saved()
+tuning._load_saved_crossovers()
 
 
 def _drain_at_exit() -> None:
@@ -103,11 +104,13 @@ __all__ = [
     "asarray",
     "ascend",
     "calibrate",
+    "crossovers",
     "current_stream",
     "devices",
     "doctor",
     "empty",
     "empty_cache",
+    "explain",
     "from_dlpack",
     "get_include",
     "get_memory_pool_stats",
@@ -120,6 +123,7 @@ __all__ = [
     "memory_snapshot",
     "memory_summary",
     "reset_peak_memory_stats",
+    "set_crossover",
     "set_memory_limit",
     "synchronize",
     "tuning",

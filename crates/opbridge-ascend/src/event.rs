@@ -28,9 +28,9 @@ pub struct AscendEvent {
     waited: AtomicBool,
 }
 
-/// Events kept for reuse. Most events mark the end of one launch for its tensors and die
-/// unwaited, often before the device got there; making and destroying one per launch costs two
-/// driver calls. A dropped event that no stream ever waited on is kept instead (ACL's events
+/// Events kept for reuse. Many events (the ends of tensors' epochs, see the runtime's `Mark`)
+/// die unwaited by any stream, often before the device got there; making and destroying each
+/// costs two driver calls. A dropped event that no stream ever waited on is kept instead (ACL's events
 /// are flags: a stream's pending wait could see a later record, so waited-on ones are
 /// destroyed), and the oldest kept one is reused once the driver says it has completed. Kept
 /// events are destroyed before `aclFinalize`.
@@ -59,7 +59,8 @@ impl Spares {
         if completed(runtime, spare.0) {
             return Some(spare.0);
         }
-        // Still pending: kept again, first in line (the cap may be passed by one meanwhile).
+        // Still pending: kept again, first in line (the cap may be passed by as many as take
+        // spares at once).
         self.0.lock().unwrap_or_else(|p| p.into_inner()).push_front((index, spare));
         None
     }

@@ -303,7 +303,12 @@ pub fn launch_planned(
     stream: &Stream,
     alloc: &dyn Allocate,
 ) -> Result<Vec<Arc<Tensor>>> {
-    debug_assert!(inputs.len() == plan.inputs.len());
+    if inputs.len() != plan.inputs.len() || inputs.len() != entry.schema().inputs.len() {
+        return Err(OpError::Argument {
+            op: entry.schema().name.as_str().into(),
+            message: format!("a plan for {} inputs, given {}", plan.inputs.len(), inputs.len()),
+        });
+    }
     let kernel = check_launch(entry, inputs, out, stream, alloc)?;
     let _span = launch_span(entry, inputs, stream);
     launch_checked(entry, kernel, plan, attrs, inputs, out, stream, alloc)

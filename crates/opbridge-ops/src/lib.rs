@@ -8,6 +8,7 @@ pub mod cpu;
 pub mod device;
 pub mod dispatch;
 pub mod error;
+pub mod hybrid;
 mod memo;
 pub mod native;
 pub mod plugin;

@@ -231,7 +231,7 @@ pub struct Entry {
     waiters: AtomicUsize,
     wait: Mutex<()>,
     idle: Condvar,
-    /// Completion events of asynchronous calls (some may be done): an unload started from
+    /// Where asynchronous calls end in their streams (some may be done): an unload started from
     /// stream work checks them before it blocks, so it fails instead of waiting for a call
     /// queued behind that very work.
     queued: Mutex<std::collections::VecDeque<Mark>>,
@@ -321,7 +321,7 @@ impl Entry {
         }
     }
 
-    /// Notes the completion event of an asynchronous call (see [`Entry::wait_idle`]).
+    /// Notes where an asynchronous call ends in its stream (see [`Entry::wait_idle`]).
     pub fn track(&self, done: Mark) {
         if !self.counted {
             return; // a built-in: nothing waits for its calls (see `counted`)

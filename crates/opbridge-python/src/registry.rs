@@ -9,6 +9,7 @@ use std::sync::{Arc, OnceLock};
 
 use numpy::{PyUntypedArray, PyUntypedArrayMethods};
 use opbridge_ops::dispatch::{self, HostOutputs};
+use opbridge_ops::hybrid::{self, Route};
 use opbridge_ops::registry::{Entry, Lane, Registry, ViewLane};
 use opbridge_ops::schema::AttrSpec;
 use opbridge_ops::{overlap, AttrValue, Attrs, Meta, Overlap, TensorView};
@@ -33,7 +34,7 @@ pub struct PyOp {
 }
 
 /// The process-wide default registry (built-ins and loaded libraries).
-fn registry() -> &'static Registry {
+pub(crate) fn registry() -> &'static Registry {
     opbridge_ops::global()
 }
 
@@ -809,10 +810,109 @@ pub fn vector_add<'py>(
 ) -> PyResult<Bound<'py, PyAny>> {
     static ENTRY: OnceLock<Arc<Entry>> = OnceLock::new();
     let entry = pinned(&ENTRY, "vector_add", 1)?;
-    match device.map(|d| crate::convert::parse_device(Some(d))).transpose()? {
-        Some(target) if target.kind != opbridge_runtime::DeviceKind::Cpu => staged(py, entry, &[a, b], out, target),
-        _ => call_two(py, entry, a, b, out),
+    let Some(device) = device else { return call_two(py, entry, a, b, out) };
+    let attrs = entry.schema().bind_attrs(std::iter::empty::<(&str, AttrValue)>()).map_err(to_pyerr)?;
+    match numpy_route(py, entry, &[a, b], out, device)? {
+        Route::Device(target) => staged(py, entry, &[a, b], &attrs, out, target),
+        Route::Host => call_two(py, entry, a, b, out),
     }
+}
+
+/// Where a call with `device=` runs: `"auto"` asks the hybrid table (`ob.calibrate()`'s
+/// crossovers) for numpy inputs that can be staged (an elementwise operator, arrays of one
+/// shape and dtype, no `out=`), and keeps everything else on the host; a device name is that
+/// device (`cpu` is the host path). The route is a profiler span's `path`.
+fn numpy_route(
+    py: Python<'_>,
+    entry: &Entry,
+    args: &[&Bound<'_, PyAny>],
+    out: Option<&Bound<'_, PyAny>>,
+    device: &str,
+) -> PyResult<Route> {
+    if device != "auto" {
+        let target = crate::convert::parse_device(Some(device))?;
+        return Ok(if target.kind == opbridge_runtime::DeviceKind::Cpu { Route::Host } else { Route::Device(target) });
+    }
+    let route = match (out, stageable(py, entry, args)) {
+        (None, Some((dtype, elems))) => hybrid::route(&entry.schema().name, dtype, elems),
+        _ => Route::Host,
+    };
+    if opbridge_runtime::profiler::active() {
+        let _span = opbridge_runtime::profiler::Span::begin(
+            "dispatch",
+            &format!("hybrid {}", entry.schema().name),
+            0,
+            vec![("path", route.label().into())],
+        );
+    }
+    Ok(route)
+}
+
+/// Where `ob.explain` says a call of `op` on `args` (with `device=`) runs, and why.
+pub(crate) fn explain_route(
+    py: Python<'_>,
+    op: &Bound<'_, PyAny>,
+    args: &Bound<'_, PyTuple>,
+    out: Option<&Bound<'_, PyAny>>,
+    device: &str,
+) -> PyResult<(String, String)> {
+    let entry = match op.cast::<PyOp>() {
+        Ok(op) => Arc::clone(&op.get().entry),
+        Err(_) => {
+            let name: PyBackedStr = op
+                .extract()
+                .map_err(|_| PyTypeError::new_err("explain: op must be an operator name or an ob.ops operator"))?;
+            registry().get(&name, None).map_err(to_pyerr)?
+        }
+    };
+    let name = entry.schema().name.clone();
+    let inputs: Few<Bound<'_, PyAny>> = args.iter().collect();
+    let refs: Few<&Bound<'_, PyAny>> = inputs.iter().collect();
+    if let Some(t) = refs.iter().find_map(|a| a.cast::<PyTensor>().ok()) {
+        let at = t.get().inner.device();
+        return Ok((
+            at.to_string(),
+            format!("{name} on Tensors runs where they live ({at}); device= is for numpy inputs"),
+        ));
+    }
+    if device != "auto" {
+        return Ok(match numpy_route(py, &entry, &refs, out, device)? {
+            Route::Host => ("host".into(), format!("{name}: device={device:?} is the host path")),
+            Route::Device(d) => (d.to_string(), format!("{name}: device={device:?} stages the call through {d}")),
+        });
+    }
+    if out.is_some() {
+        return Ok(("host".into(), format!("{name}: out= is written on the host (a staged call returns a new array)")));
+    }
+    if entry.op.lane().is_none() {
+        return Ok(("host".into(), format!("{name}: no staged device path (elementwise operators only); host")));
+    }
+    let Some((dtype, elems)) = stageable(py, &entry, &refs) else {
+        return Ok((
+            "host".into(),
+            format!("{name}: the staged path takes numpy arrays of one shape and dtype; these run on the host"),
+        ));
+    };
+    let (route, why) = hybrid::explain(&name, dtype, elems);
+    Ok((route.label(), why))
+}
+
+/// The dtype and element count of a numpy call the staged path can take (see [`staged`]):
+/// an elementwise operator with a fast lane, every input a numpy array of one shape and dtype.
+fn stageable(_py: Python<'_>, entry: &Entry, args: &[&Bound<'_, PyAny>]) -> Option<(DType, usize)> {
+    entry.op.lane()?;
+    let mut meta: Option<(DType, Vec<usize>)> = None;
+    for arg in args {
+        let array = np_ffi::as_ndarray(arg)?;
+        let dtype = np_ffi::dtype_of_num(np_ffi::layout(array).type_num)?;
+        let shape = array.shape().to_vec();
+        match &meta {
+            None => meta = Some((dtype, shape)),
+            Some((d, s)) if *d == dtype && *s == shape => {}
+            Some(_) => return None,
+        }
+    }
+    meta.map(|(dtype, shape)| (dtype, shape.iter().product()))
 }
 
 /// numpy in, numpy out, computed on an accelerator: the inputs go through the device in chunks,
@@ -822,6 +922,7 @@ fn staged<'py>(
     py: Python<'py>,
     entry: &Arc<Entry>,
     args: &[&Bound<'py, PyAny>],
+    attrs: &Attrs,
     out: Option<&Bound<'py, PyAny>>,
     target: DeviceId,
 ) -> PyResult<Bound<'py, PyAny>> {
@@ -839,8 +940,7 @@ fn staged<'py>(
         arrays.push(HostArray::extract(name, ["a", "b", "c"][k.min(2)], arg, &entry.schema().dtypes)?);
     }
     let metas: Vec<Option<Meta>> = arrays.iter().map(|a| Some(Meta::new(a.dtype, a.shape()))).collect();
-    let attrs = entry.schema().bind_attrs(std::iter::empty::<(&str, AttrValue)>()).map_err(to_pyerr)?;
-    let plan = dispatch::plan(entry, &metas, &attrs).map_err(to_pyerr)?;
+    let plan = dispatch::plan(entry, &metas, attrs).map_err(to_pyerr)?;
     let result = &plan.outputs[0];
     if arrays.iter().any(|a| a.shape() != result.shape.as_slice()) {
         return Err(crate::errors::shape_error(format!(
@@ -858,7 +958,7 @@ fn staged<'py>(
         normalized.iter().map(|(a, d)| np_ffi::contiguous_bytes(&a.array).map(|b| (b, *d))).collect::<PyResult<_>>()?;
     let len = result.shape.iter().product();
     let array = np_ffi::filled_array(py, result.dtype, &result.shape, |bytes| {
-        opbridge_ops::device::run_staged(entry, ctx, &attrs, &inputs, (bytes, result.dtype), len)
+        opbridge_ops::device::run_staged(entry, ctx, attrs, &inputs, (bytes, result.dtype), len)
             .map(drop)
             .map_err(to_pyerr)
     })?;
@@ -946,14 +1046,18 @@ impl PyOp {
         Ok(dict)
     }
 
-    #[pyo3(signature = (*args, out=None, **kwargs))]
+    #[pyo3(signature = (*args, out=None, device=None, **kwargs))]
     fn __call__<'py>(
         &self,
         py: Python<'py>,
         args: &Bound<'py, PyTuple>,
         out: Option<&Bound<'py, PyAny>>,
+        device: Option<&Bound<'py, PyAny>>,
         kwargs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        if let Some(device) = device {
+            return self.call_on(py, args, out, device, kwargs);
+        }
         if let (None, Some(lane)) = (kwargs, self.entry.op.lane()) {
             if let Some(result) = try_lane(py, &self.entry, lane, args.iter_borrowed(), out)? {
                 return Ok(result);
@@ -971,6 +1075,50 @@ impl PyOp {
     fn __repr__(&self) -> String {
         let s = self.entry.schema();
         format!("<opbridge op {} v{} ({})>", s.name, s.version, self.entry.source)
+    }
+}
+
+impl PyOp {
+    /// A call with `device=`: numpy inputs staged through that device, or routed by the hybrid
+    /// table (`"auto"`); see [`numpy_route`]. An operator with an attribute of its own named
+    /// `device` gets the value as that attribute.
+    fn call_on<'py>(
+        &self,
+        py: Python<'py>,
+        args: &Bound<'py, PyTuple>,
+        out: Option<&Bound<'py, PyAny>>,
+        device: &Bound<'py, PyAny>,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let entry = &self.entry;
+        if entry.schema().attrs.iter().any(|a| a.name == "device") {
+            let kwargs = match kwargs {
+                Some(k) => k.copy()?,
+                None => PyDict::new(py),
+            };
+            kwargs.set_item("device", device)?;
+            let call = bind(entry, args, Some(&kwargs))?;
+            return dispatch_call(py, entry, call, out);
+        }
+        let name = &entry.schema().name;
+        let device: PyBackedStr = device
+            .extract()
+            .map_err(|_| argument_error(format!("{name}: device= takes a device name (\"ascend:0\") or \"auto\"")))?;
+        let call = bind(entry, args, kwargs)?;
+        let inputs: Few<Bound<'py, PyAny>> = call.inputs.iter().flatten().cloned().collect();
+        let refs: Few<&Bound<'py, PyAny>> = inputs.iter().collect();
+        match numpy_route(py, entry, &refs, out, &device)? {
+            Route::Host => dispatch_call(py, entry, call, out),
+            Route::Device(target) => {
+                if entry.op.lane().is_none() || inputs.len() != call.inputs.len() {
+                    return Err(argument_error(format!(
+                        "{name}: device= stages elementwise operators on numpy arrays; call {name} on Tensors \
+                         (ob.asarray(a, device=\"{target}\")) instead"
+                    )));
+                }
+                staged(py, entry, &refs, &call.attrs, out, target)
+            }
+        }
     }
 }
 

@@ -124,9 +124,10 @@ impl PyTensor {
         py.detach(|| inner.wait_ready()).map_err(to_pyerr)
     }
 
-    /// True when no enqueued work still writes this tensor.
-    fn is_ready(&self) -> bool {
-        self.inner.is_ready()
+    /// True when no enqueued work still writes this tensor (on an accelerator: nor work queued
+    /// after that write on its stream, whose end is only marked).
+    fn is_ready(&self, py: Python<'_>) -> bool {
+        py.detach(|| self.inner.is_ready())
     }
 
     /// A numpy array sharing this tensor's memory (CPU device), after waiting for the work that

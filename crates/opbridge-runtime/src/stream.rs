@@ -161,7 +161,11 @@ impl Stream {
             return self.0.backend.copy(dst, src, bytes, kind);
         }
         // Profiled: the copy is bracketed by two host functions on the stream, which mark where
-        // it ran (stream order puts the copy between them) and measure it there.
+        // it ran (stream order puts the copy between them) and measure it there. Marks taken so
+        // far end before them, as before any host function.
+        if self.0.marks.seal().is_err() {
+            return self.0.backend.copy(dst, src, bytes, kind);
+        }
         let name = match kind {
             CopyKind::HostToDevice => "copy H2D",
             CopyKind::DeviceToHost => "copy D2H",
@@ -211,8 +215,8 @@ impl Stream {
     }
 
     /// The point after the work enqueued on this stream so far, for whoever may later have to
-    /// wait for it (see [`Mark`]): costs no driver call.
-    pub fn mark(&self) -> Mark {
+    /// wait for it (see [`Mark`]): no driver call on an accelerator.
+    pub fn mark(&self) -> Result<Mark> {
         self.0.marks.mark()
     }
 
@@ -320,60 +324,97 @@ impl StreamUse {
 /// A point in a stream's order (the end of a launch), made into a driver event only when
 /// someone has to wait for it.
 ///
-/// Most launches are never waited on from another stream or the host: their output is read
-/// by later work on the same stream, or dropped. Recording an event after each one costs two
-/// driver calls per launch. Instead, marks taken between two events share an *epoch*, which
-/// one event recorded later closes (`seal`). That event comes after more work than the mark
-/// needs, which only delays a waiter, never lets it pass early. To keep that delay finite, an
-/// epoch is sealed before anything that may wait on the host is enqueued on the stream (a host
-/// function, a wait for another stream's event): between a mark and its event there is then
-/// only device work, which completes once the work before it has.
+/// Most launches on an accelerator are never waited on from another stream or the host: their
+/// output is read by later work on the same stream, or dropped. Recording an event after each
+/// one costs driver calls per launch. Instead, marks taken between two events share an
+/// *epoch*, which one event recorded later closes (`seal`). That event comes after more work
+/// than the mark needs, which only delays a waiter, never lets it pass early. To keep that
+/// delay finite, an epoch is sealed before anything that may wait on the host is enqueued on
+/// the stream (a host function, a wait for another stream's event): between a mark and its
+/// event there is then only device work, which completes once the work before it has. (Two
+/// threads sharing one stream can interleave a host function between another thread's launch
+/// and its mark, as they could between a launch and its event before.)
+///
+/// On the CPU, where kernels are host closures that could wait on anything, and where a
+/// fork's child must tell finished parent work from lost work, every mark is sealed at once:
+/// an event per launch, as a plain event would be.
 #[derive(Clone)]
 pub struct Mark(Arc<Epoch>);
 
 struct Epoch {
     /// The event that ends this epoch, once sealed.
     event: OnceLock<Event>,
-    /// The stream's marks (a weak link: the stream seals its last epoch when it is dropped).
+    /// The stream's marks (the stream seals its last epoch when it is dropped).
     marks: Weak<Marks>,
+    /// To seal without the stream, should its last seal have failed: a retired stream's
+    /// backend lives until its work is done.
+    backend: Weak<dyn StreamBackend>,
+    device: Arc<dyn Device>,
 }
 
-/// A stream's current epoch and how to seal it.
+impl Epoch {
+    /// Records the event that ends this epoch at the current end of its stream; `None` when
+    /// the stream is gone with its work done. A stream left in a fork's parent is an error.
+    fn record_end(&self) -> Result<Option<Event>> {
+        let Some(backend) = self.backend.upgrade() else { return Ok(None) };
+        if backend.orphaned() {
+            return Err(Error::Device {
+                device: self.device.id(),
+                message: crate::fork::orphaned_message("the stream of this work"),
+            });
+        }
+        let event = Event::from_device(self.device.as_ref())?;
+        backend.record(&event.backend)?;
+        let _ = self.event.set(event);
+        Ok(self.event.get().cloned())
+    }
+}
+
+/// A stream's open epoch.
 pub(crate) struct Marks {
-    device: Arc<dyn Device>,
-    backend: Weak<dyn StreamBackend>,
-    /// The open epoch, and whether any mark was taken in it.
-    current: Mutex<(Arc<Epoch>, bool)>,
+    current: Mutex<Arc<Epoch>>,
+    /// Seal every mark at once (host-accessible devices: see [`Mark`]).
+    eager: bool,
 }
 
 impl Marks {
     fn new(device: Arc<dyn Device>, backend: Weak<dyn StreamBackend>) -> Arc<Marks> {
-        Arc::new_cyclic(|me| Marks {
-            device,
-            backend,
-            current: Mutex::new((Arc::new(Epoch { event: OnceLock::new(), marks: me.clone() }), false)),
+        let eager = device.host_accessible();
+        Arc::new_cyclic(|me: &Weak<Marks>| Marks {
+            current: Mutex::new(Arc::new(Epoch { event: OnceLock::new(), marks: me.clone(), backend, device })),
+            eager,
         })
     }
 
-    fn mark(&self) -> Mark {
-        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
-        current.1 = true;
-        Mark(Arc::clone(&current.0))
+    fn mark(&self) -> Result<Mark> {
+        if self.eager {
+            let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+            let mark = Mark(Arc::clone(&current));
+            Marks::seal_locked(&mut current)?;
+            return Ok(mark);
+        }
+        Ok(Mark(Arc::clone(&self.current.lock().unwrap_or_else(|p| p.into_inner()))))
     }
 
-    /// Ends the open epoch with an event at the current end of the stream, if it has marks.
+    /// Ends the open epoch with an event at the current end of the stream, if a live mark is
+    /// in it (the current epoch's only other holders are marks, which are cloned under the
+    /// lock).
     fn seal(&self) -> Result<()> {
-        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
-        if !current.1 {
-            return Ok(());
+        Marks::seal_locked(&mut self.current.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    fn seal_locked(current: &mut Arc<Epoch>) -> Result<()> {
+        if Arc::strong_count(current) == 1 {
+            return Ok(()); // no mark to seal
         }
-        // Gone with its work done, or a fork's parent's: nothing its marks could wait for.
-        let Some(backend) = self.backend.upgrade().filter(|b| !b.orphaned()) else { return Ok(()) };
-        let event = Event::from_device(self.device.as_ref())?;
-        backend.record(&event.backend)?;
-        let _ = current.0.event.set(event);
-        let marks = current.0.marks.clone();
-        *current = (Arc::new(Epoch { event: OnceLock::new(), marks }), false);
+        current.record_end()?;
+        let next = Epoch {
+            event: OnceLock::new(),
+            marks: current.marks.clone(),
+            backend: current.backend.clone(),
+            device: Arc::clone(&current.device),
+        };
+        *current = Arc::new(next);
         Ok(())
     }
 }
@@ -381,13 +422,17 @@ impl Marks {
 impl Mark {
     /// An event that completes once the stream has passed this mark (sealing its epoch if
     /// needed), or `None` when there is nothing left to wait for (the stream is gone with its
-    /// work done).
-    pub fn event(&self) -> Result<Option<Event>> {
+    /// work done). Shared by every mark of the epoch: never to be recorded again.
+    pub(crate) fn event(&self) -> Result<Option<Event>> {
         if let Some(event) = self.0.event.get() {
             return Ok(Some(event.clone()));
         }
-        if let Some(marks) = self.0.marks.upgrade() {
-            marks.seal()?;
+        match self.0.marks.upgrade() {
+            Some(marks) => marks.seal()?,
+            // The stream is dropped: its drop sealed this epoch, unless that failed. Then (or
+            // when that seal is not visible here yet) record the end through its backend.
+            None if self.0.event.get().is_none() => return self.0.record_end(),
+            None => {}
         }
         Ok(self.0.event.get().cloned())
     }

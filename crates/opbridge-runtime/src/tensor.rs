@@ -301,7 +301,7 @@ impl Tensor {
         writes: &[&Tensor],
         failure: Option<Arc<Mutex<Option<AsyncError>>>>,
     ) -> Result<Mark> {
-        let done = stream.mark();
+        let done = stream.mark()?;
         for tensor in reads {
             let mut access = tensor.lock_access();
             // One read per stream is enough: `done` comes after this stream's earlier reads.
@@ -343,12 +343,14 @@ impl Tensor {
     /// host would not.
     pub fn mark_allocated_on(&self, stream: &Stream) -> Result<()> {
         if !stream.query() {
-            self.lock_access().write = Some((stream.id(), stream.mark()));
+            self.lock_access().write = Some((stream.id(), stream.mark()?));
         }
         Ok(())
     }
 
-    /// True when no enqueued work still writes this tensor.
+    /// True when no enqueued work still writes this tensor. On an accelerator, work queued on
+    /// the writing stream after the write may have to finish too (see [`Mark`]); asking may
+    /// record an event.
     pub fn is_ready(&self) -> bool {
         let write = self.lock_access().write.clone();
         write.is_none_or(|(_, e)| e.query())
@@ -360,12 +362,12 @@ impl Tensor {
             let access = self.lock_access();
             (access.write.clone(), access.failure.clone(), access.writer.clone())
         };
-        if let Some((_, event)) = &pending {
-            event.synchronize()?;
-        }
-        if let Some(writer) = writer {
-            // Device work: a failed kernel is only known to its stream.
-            writer.synchronize()?;
+        match (&writer, &pending) {
+            // Device work: a failed kernel is only known to its stream, whose synchronize also
+            // covers the write.
+            (Some(writer), _) => writer.synchronize()?,
+            (None, Some((_, mark))) => mark.synchronize()?,
+            (None, None) => {}
         }
         match failure.and_then(|f| f.lock().unwrap_or_else(|p| p.into_inner()).clone()) {
             // "asynchronous error on cpu:0 stream 3, in the work that wrote this tensor: ..."

@@ -1,0 +1,213 @@
+//! Hybrid dispatch (the seed's `HybridOperator`, measured instead of `if n < 1024`): a numpy
+//! call with `device="auto"` runs on the host kernel, or on an accelerator with its copies, by
+//! a crossover size measured per operator and dtype on this machine (`ob.calibrate()`).
+//!
+//! The table is filled by the caller (the Python package loads the saved measurements; a test
+//! may force a crossover). Each entry remembers the device it was measured on (its chip and
+//! driver library, [`identity`]): an entry whose device has changed since is not used, and
+//! [`explain`] says so. With no usable entry a call stays on the host, which never needs the
+//! driver.
+
+use std::collections::HashMap;
+use std::sync::{OnceLock, RwLock};
+
+use opbridge_runtime::backend::DeviceReport;
+use opbridge_runtime::{DType, DeviceId};
+
+/// One measured crossover: from `elems` elements on, the device (copies included) beat the
+/// host; `None` when it never did in the measured range.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Crossover {
+    pub device: DeviceId,
+    pub dtype: DType,
+    pub elems: Option<usize>,
+    /// The device the measurement was made on, as [`identity`] gives it.
+    pub identity: String,
+}
+
+/// Where a call runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    Host,
+    Device(DeviceId),
+}
+
+impl Route {
+    /// `host`, or the device's name (`ascend:0`): the profiler's and metrics' `path` label.
+    pub fn label(&self) -> String {
+        match self {
+            Route::Host => "host".into(),
+            Route::Device(id) => id.to_string(),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Table {
+    /// Crossovers by operator name.
+    by_op: HashMap<String, Vec<Crossover>>,
+}
+
+fn table() -> &'static RwLock<Table> {
+    static TABLE: OnceLock<RwLock<Table>> = OnceLock::new();
+    TABLE.get_or_init(RwLock::default)
+}
+
+/// What identifies a device for its measurements: its chip and the driver library loaded
+/// (`Ascend910B1 via /usr/local/Ascend/.../libascendcl.so`); `None` for an unavailable device.
+pub fn identity_of(report: &DeviceReport) -> Option<String> {
+    if !report.available {
+        return None;
+    }
+    Some(format!(
+        "{} via {}",
+        report.soc.as_deref().unwrap_or("unknown chip"),
+        report.library.as_deref().unwrap_or("unknown library")
+    ))
+}
+
+/// The identity of `device` now (asks its backend, which starts the driver on first use).
+pub fn identity(device: DeviceId) -> Option<String> {
+    opbridge_runtime::backend::reports()
+        .iter()
+        .find(|r| r.kind == device.kind && r.index == Some(device.index))
+        .and_then(identity_of)
+}
+
+/// Whether the device of an entry is the one measured, asked once per device and identity.
+fn current_identity(device: DeviceId) -> Option<String> {
+    static SEEN: OnceLock<RwLock<HashMap<DeviceId, Option<String>>>> = OnceLock::new();
+    let seen = SEEN.get_or_init(RwLock::default);
+    if let Some(known) = seen.read().unwrap_or_else(|p| p.into_inner()).get(&device) {
+        return known.clone();
+    }
+    let now = identity(device);
+    seen.write().unwrap_or_else(|p| p.into_inner()).insert(device, now.clone());
+    now
+}
+
+/// Sets (or, with `elems` `None`, records "the device never wins") the crossover of `op` in
+/// `dtype` on `device`, measured on the device `identity` names. Replaces an earlier entry.
+pub fn set(op: &str, crossover: Crossover) {
+    let mut table = table().write().unwrap_or_else(|p| p.into_inner());
+    let entries = table.by_op.entry(op.to_string()).or_default();
+    entries.retain(|c| !(c.device == crossover.device && c.dtype == crossover.dtype));
+    entries.push(crossover);
+}
+
+/// Forgets every crossover (calls with `device="auto"` then stay on the host).
+pub fn clear() {
+    table().write().unwrap_or_else(|p| p.into_inner()).by_op.clear();
+}
+
+/// Every crossover, by operator name.
+pub fn entries() -> Vec<(String, Crossover)> {
+    let table = table().read().unwrap_or_else(|p| p.into_inner());
+    let mut all: Vec<(String, Crossover)> =
+        table.by_op.iter().flat_map(|(op, list)| list.iter().map(move |c| (op.clone(), c.clone()))).collect();
+    all.sort_by(|a, b| (&a.0, a.1.dtype.name(), a.1.device).cmp(&(&b.0, b.1.dtype.name(), b.1.device)));
+    all
+}
+
+/// Where a call of `op` on `elems` elements of `dtype` runs: the device whose measured
+/// crossover is the lowest one at or below `elems`, else the host. Costs a table lookup on
+/// the host path (no allocation); the device's identity is asked once per device.
+pub fn route(op: &str, dtype: DType, elems: usize) -> Route {
+    let table = table().read().unwrap_or_else(|p| p.into_inner());
+    match table.by_op.get(op).map(|list| pick(list, dtype, elems)) {
+        Some(Pick::Device(c)) => Route::Device(c.device),
+        _ => Route::Host,
+    }
+}
+
+enum Pick<'a> {
+    /// The lowest reachable crossover of a device that is still the one measured.
+    Device(&'a Crossover),
+    /// A reachable crossover whose device has changed since (its identity now).
+    Changed(&'a Crossover, Option<String>),
+    /// None reachable.
+    None,
+}
+
+fn pick(list: &[Crossover], dtype: DType, elems: usize) -> Pick<'_> {
+    let mut reachable: smallvec::SmallVec<[&Crossover; 4]> =
+        list.iter().filter(|c| c.dtype == dtype && c.elems.is_some_and(|n| elems >= n)).collect();
+    reachable.sort_by_key(|c| c.elems);
+    let mut changed = Pick::None;
+    for c in reachable {
+        let now = current_identity(c.device);
+        if now.as_deref() == Some(c.identity.as_str()) {
+            return Pick::Device(c);
+        }
+        if matches!(changed, Pick::None) {
+            changed = Pick::Changed(c, now);
+        }
+    }
+    changed
+}
+
+/// [`route`], and why, in words (`ob.explain`).
+pub fn explain(op: &str, dtype: DType, elems: usize) -> (Route, String) {
+    let (route, why) = decide(op, dtype, elems);
+    (route, why.describe(op, dtype, elems))
+}
+
+/// The reason behind a route, formatted only when asked for.
+enum Why {
+    Uncalibrated,
+    Measured(Crossover),
+    NeverFaster(Vec<Crossover>),
+    Below(Vec<Crossover>),
+    Changed(Crossover, Option<String>),
+}
+
+impl Why {
+    fn describe(self, op: &str, dtype: DType, elems: usize) -> String {
+        let what = format!("{op} on {elems} element(s) of {}", dtype.name());
+        let list = |cs: &[Crossover]| -> String {
+            cs.iter()
+                .map(|c| match c.elems {
+                    Some(n) => format!("{} from {n}", c.device),
+                    None => format!("{} never (slower at every size measured)", c.device),
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        match self {
+            Why::Uncalibrated => format!(
+                "host: {what}; no crossover measured for {op} in {} on any device (run ob.calibrate())",
+                dtype.name()
+            ),
+            Why::Measured(c) => format!(
+                "{}: {what} is at or above the measured crossover of {} elements on {} ({})",
+                c.device,
+                c.elems.unwrap_or(0),
+                c.device,
+                c.identity
+            ),
+            Why::NeverFaster(cs) => format!("host: {what}; the device was never faster: {}", list(&cs)),
+            Why::Below(cs) => format!("host: {what} is below the measured crossover: {}", list(&cs)),
+            Why::Changed(c, now) => format!(
+                "host: {what}; the crossover for {} was measured on {}, but the device is now {} (run ob.calibrate())",
+                c.device,
+                c.identity,
+                now.as_deref().unwrap_or("unavailable")
+            ),
+        }
+    }
+}
+
+fn decide(op: &str, dtype: DType, elems: usize) -> (Route, Why) {
+    let table = table().read().unwrap_or_else(|p| p.into_inner());
+    let candidates: Vec<Crossover> =
+        table.by_op.get(op).map(|list| list.iter().filter(|c| c.dtype == dtype).cloned().collect()).unwrap_or_default();
+    if candidates.is_empty() {
+        return (Route::Host, Why::Uncalibrated);
+    }
+    match pick(&candidates, dtype, elems) {
+        Pick::Device(c) => (Route::Device(c.device), Why::Measured(c.clone())),
+        Pick::Changed(c, now) => (Route::Host, Why::Changed(c.clone(), now)),
+        Pick::None if candidates.iter().all(|c| c.elems.is_none()) => (Route::Host, Why::NeverFaster(candidates)),
+        Pick::None => (Route::Host, Why::Below(candidates)),
+    }
+}
