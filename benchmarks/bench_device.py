@@ -9,6 +9,9 @@ launch. Each figure is printed next to its reference and the ratio.
   is ≤ 1.2 (the stages overlap); with no overlap it would be their sum.
 - Host-side cost of an `ob.ascend.Kernel` call (target 2 µs) and of a JIT cache hit to a callable
   kernel (target 5 ms).
+- Hybrid dispatch: `ob.ops.add(a, b, device="auto")` against the host kernel and the staged
+  device path at each size of a sweep, after measuring the crossover as `ob.calibrate()` does
+  (target: never more than 5% slower than the better of the two).
 - Host-side cost of `ob.ops.add(x, y)` on two Ascend tensors (enqueue only, the double's launch
   latency set to 0), against `ob.ops.add` on CPU tensors and the issue's 2 µs target. The driver's
   own share is measured without opbridge: `ascend_launch_floor.c`, compiled here with the system
@@ -105,6 +108,7 @@ def child(mib: int) -> None:
         f"thread CPU; on cpu tensors {cpu_call * 1e6:6.2f} us wall, {cpu_cpu * 1e6:.2f} us CPU; "
         f"ratio to cpu {device_call / cpu_call:.2f}"
     )
+    hybrid_sweep()
     kernel_launch, kernel_cpu, jit_hit = user_kernel_costs(xs, ys)
     print(
         f"ob.ascend.Kernel call (host side, 4 args): {kernel_launch * 1e6:6.2f} us wall, {kernel_cpu * 1e6:.2f} us "
@@ -126,6 +130,39 @@ def child(mib: int) -> None:
             f"  opbridge's share of ob.ops.add: {ours * 1e6:.2f} us wall, {ours_cpu * 1e6:.2f} us thread CPU; "
             f"target 2 us: ratio {ours / 2e-6:.2f} (wall), {ours_cpu / 2e-6:.2f} (CPU)"
         )
+
+
+def hybrid_sweep() -> None:
+    """`ob.ops.add(a, b, device="auto")` against both fixed paths (host kernel; staged through
+    the device) at each size of a sweep, after measuring the crossover as `ob.calibrate()`
+    does. The issue's target: never more than 5% slower than the better fixed path."""
+    import numpy as np
+
+    import opbridge as ob
+
+    dev = "ascend:0"
+    for entry in ob.tuning.measure_crossovers(dev):
+        if entry["op"] == "add":
+            ob.tuning._apply(entry)
+    crossover = next(c["elems"] for c in ob.crossovers() if c["op"] == "add" and c["dtype"] == "float32")
+    print(f"hybrid add float32: measured crossover {crossover} elements (None: the device never won)")
+    worst = 0.0
+    for n in [1 << k for k in range(10, 23, 2)]:
+        a, b = np.ones(n, np.float32), np.ones(n, np.float32)
+        calls = max(1, min(2000, (1 << 22) // n))  # per timed run: the clock's cost amortized
+        host = auto = float("inf")
+        for _ in range(7):  # alternated, best of several: a noisy shared machine
+            host = min(host, best_of(lambda: [ob.ops.add(a, b) for _ in range(calls)], 1, calls)[0])
+            auto = min(auto, best_of(lambda: [ob.ops.add(a, b, device="auto") for _ in range(calls)], 1, calls)[0])
+        staged = best_of(lambda: ob.ops.add(a, b, device=dev), 3, 1)[0]
+        ratio = auto / min(host, staged)
+        worst = max(worst, ratio)
+        path = ob.explain("add", a, b)["path"]
+        print(
+            f"  n={n:>8}: host {host * 1e6:9.1f} us, staged {staged * 1e6:9.1f} us, auto {auto * 1e6:9.1f} us "
+            f"({path}); auto / better {ratio:.2f}"
+        )
+    print(f"hybrid: worst auto / better fixed path {worst:.2f} (target <= 1.05)")
 
 
 def best_of(f, repeat: int, per: int) -> tuple[float, float]:

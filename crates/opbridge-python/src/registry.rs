@@ -901,14 +901,13 @@ pub(crate) fn explain_route(
 /// an elementwise operator with a fast lane, every input a numpy array of one shape and dtype.
 fn stageable(_py: Python<'_>, entry: &Entry, args: &[&Bound<'_, PyAny>]) -> Option<(DType, usize)> {
     entry.op.lane()?;
-    let mut meta: Option<(DType, Vec<usize>)> = None;
+    let mut meta: Option<(DType, &[usize])> = None;
     for arg in args {
         let array = np_ffi::as_ndarray(arg)?;
         let dtype = np_ffi::dtype_of_num(np_ffi::layout(array).type_num)?;
-        let shape = array.shape().to_vec();
-        match &meta {
-            None => meta = Some((dtype, shape)),
-            Some((d, s)) if *d == dtype && *s == shape => {}
+        match meta {
+            None => meta = Some((dtype, array.shape())),
+            Some((d, shape)) if d == dtype && shape == array.shape() => {}
             Some(_) => return None,
         }
     }
@@ -1056,7 +1055,10 @@ impl PyOp {
         kwargs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         if let Some(device) = device {
-            return self.call_on(py, args, out, device, kwargs);
+            if let Some(result) = self.call_on(py, args, out, device, kwargs)? {
+                return Ok(result);
+            }
+            // Routed to the host: the call as without `device=`.
         }
         if let (None, Some(lane)) = (kwargs, self.entry.op.lane()) {
             if let Some(result) = try_lane(py, &self.entry, lane, args.iter_borrowed(), out)? {
@@ -1080,8 +1082,9 @@ impl PyOp {
 
 impl PyOp {
     /// A call with `device=`: numpy inputs staged through that device, or routed by the hybrid
-    /// table (`"auto"`); see [`numpy_route`]. An operator with an attribute of its own named
-    /// `device` gets the value as that attribute.
+    /// table (`"auto"`); see [`numpy_route`]. `None` when the call runs on the host, which the
+    /// caller then makes as without `device=` (its fast lanes included). An operator with an
+    /// attribute of its own named `device` gets the value as that attribute.
     fn call_on<'py>(
         &self,
         py: Python<'py>,
@@ -1089,7 +1092,7 @@ impl PyOp {
         out: Option<&Bound<'py, PyAny>>,
         device: &Bound<'py, PyAny>,
         kwargs: Option<&Bound<'py, PyDict>>,
-    ) -> PyResult<Bound<'py, PyAny>> {
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
         let entry = &self.entry;
         if entry.schema().attrs.iter().any(|a| a.name == "device") {
             let kwargs = match kwargs {
@@ -1098,27 +1101,34 @@ impl PyOp {
             };
             kwargs.set_item("device", device)?;
             let call = bind(entry, args, Some(&kwargs))?;
-            return dispatch_call(py, entry, call, out);
+            return dispatch_call(py, entry, call, out).map(Some);
         }
         let name = &entry.schema().name;
         let device: PyBackedStr = device
             .extract()
             .map_err(|_| argument_error(format!("{name}: device= takes a device name (\"ascend:0\") or \"auto\"")))?;
-        let call = bind(entry, args, kwargs)?;
-        let inputs: Few<Bound<'py, PyAny>> = call.inputs.iter().flatten().cloned().collect();
+        // The inputs: the positional arguments when that is all there is (no binding needed).
+        let call = match kwargs {
+            None if args.len() == entry.schema().inputs.len() => None,
+            _ => Some(bind(entry, args, kwargs)?),
+        };
+        let inputs: Few<Bound<'py, PyAny>> = match &call {
+            None => args.iter().collect(),
+            Some(call) => call.inputs.iter().flatten().cloned().collect(),
+        };
         let refs: Few<&Bound<'py, PyAny>> = inputs.iter().collect();
-        match numpy_route(py, entry, &refs, out, &device)? {
-            Route::Host => dispatch_call(py, entry, call, out),
-            Route::Device(target) => {
-                if entry.op.lane().is_none() || inputs.len() != call.inputs.len() {
-                    return Err(argument_error(format!(
-                        "{name}: device= stages elementwise operators on numpy arrays; call {name} on Tensors \
-                         (ob.asarray(a, device=\"{target}\")) instead"
-                    )));
-                }
-                staged(py, entry, &refs, &call.attrs, out, target)
-            }
+        let Route::Device(target) = numpy_route(py, entry, &refs, out, &device)? else { return Ok(None) };
+        let call = match call {
+            Some(call) => call,
+            None => bind(entry, args, kwargs)?,
+        };
+        if entry.op.lane().is_none() || inputs.len() != call.inputs.len() {
+            return Err(argument_error(format!(
+                "{name}: device= stages elementwise operators on numpy arrays; call {name} on Tensors \
+                 (ob.asarray(a, device=\"{target}\")) instead"
+            )));
         }
+        staged(py, entry, &refs, &call.attrs, out, target).map(Some)
     }
 }
 
