@@ -53,6 +53,30 @@ def test_vector_add_kernel_matches_numpy(vadd, blocks, n, rng) -> None:
     np.testing.assert_array_equal(z.numpy(), a + b)
 
 
+def test_a_kernel_without_params_takes_its_types_from_the_arguments(binary, tmp_path, rng) -> None:
+    """A kernel binary does not carry its parameters: loaded without ``params``, each call's
+    arguments give them, Tensors and numpy scalars (a plain Python number has no C type)."""
+    k = ob.ascend.Kernel.from_file(binary, "vector_add_kernel")
+    assert k.params is None and "params from each call" in repr(k)
+    a, b = random_array(rng, (1000,), np.float32), random_array(rng, (1000,), np.float32)
+    x, y = ob.asarray(a, device=DEV), ob.asarray(b, device=DEV)
+    z = ob.empty((1000,), dtype="float32", device=DEV)
+    k(4, x, y, z, np.uint32(1000))
+    np.testing.assert_array_equal(z.numpy(), a + b)
+    with pytest.raises(ob.ArgumentError, match="loaded without params.*numpy scalar"):
+        k(4, x, y, z, 1000)
+    with pytest.raises(ob.ArgumentError, match="numpy float64"):
+        k(4, x, y, z, np.float64(1000))
+    with pytest.raises(ob.ArgumentError, match="bool"):
+        k(4, x, y, z, True)
+    with pytest.raises(ob.ArgumentError, match="numpy scalar"):
+        k(4, x, y, z, np.array(1000, np.uint32))  # an array is not a scalar
+    j = ob.jit.compile(SCALE, "scale", device="ascend", flags=["-DFACTOR=2.0f"], cache_dir=tmp_path)
+    assert j.params is None
+    j(7, x, z, np.uint32(1000))
+    np.testing.assert_array_equal(z.numpy(), 2 * a)
+
+
 def test_properties_and_repr(vadd) -> None:
     assert vadd.name == "vector_add_kernel" and vadd.params == VADD_PARAMS and vadd.device == DEV
     assert "vector_add_kernel" in repr(vadd)
@@ -249,7 +273,7 @@ def test_jit_compile_errors_carry_the_log(tmp_path) -> None:
 
 def test_jit_arguments_are_checked(tmp_path) -> None:
     with pytest.raises(ob.ArgumentError, match="params"):
-        ob.jit.compile(SCALE, "scale", device="ascend", cache_dir=tmp_path)
+        ob.jit.compile(SCALE, "scale", device="ascend", params="tensor", cache_dir=tmp_path)
     with pytest.raises(ob.ArgumentError, match="compiler"):
         ob.jit.compile(SCALE, "scale", device="ascend", params=[], compiler="cc", cache_dir=tmp_path)
     with pytest.raises(ob.ArgumentError, match="device='ascend'"):

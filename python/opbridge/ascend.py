@@ -12,7 +12,9 @@
 not carry them): ``"tensor"`` for a global-memory pointer (``GM_ADDR``), ``"int32"``,
 ``"uint32"``, ``"int64"``, ``"uint64"``, ``"float32"``. Arguments are checked against them before
 anything is enqueued: a wrong count, kind or value is an ``ArgumentError``; a tensor on another
-device a ``DeviceError``. Tensors are passed as device pointers; the kernel may write any of them,
+device a ``DeviceError``. Without ``params``, each call's arguments give the types: Tensors, and
+numpy scalars for the rest (``k(8, x, y, z, numpy.uint32(n))``); a plain Python number is then an
+``ArgumentError`` (its C type is unknown). Tensors are passed as device pointers; the kernel may write any of them,
 so later work on them (on any stream, or ``Tensor.numpy()``) waits for it. A failure while the
 kernel runs is reported by the next synchronizing call, naming the kernel.
 

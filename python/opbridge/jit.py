@@ -117,8 +117,9 @@ class JitKernel:
         self.cached = cached
 
     @property
-    def params(self) -> list[str]:
-        return list(self.kernel.params)
+    def params(self) -> list[str] | None:
+        params = self.kernel.params
+        return None if params is None else list(params)
 
     @property
     def device(self) -> str:
@@ -364,8 +365,8 @@ def compile(
         device: ``None`` or ``"cpu"`` (a plugin library), or ``"ascend"`` / ``"ascend:N"`` (an
             Ascend C kernel, compiled by aclrtc; ``lang`` and ``compiler`` do not apply).
         kernel: the Ascend kernel's name in ``source`` (default ``name``).
-        params: the Ascend kernel's parameters (see ``ob.ascend.Kernel.from_file``); required
-            with ``device="ascend"``.
+        params: the Ascend kernel's parameters (see ``ob.ascend.Kernel.from_file``); without
+            them, each call's arguments give the types (Tensors, and numpy scalars).
 
     Returns:
         A ``JitLibrary``: a loaded ``Library`` with ``.cached`` telling whether it came from the
@@ -485,7 +486,9 @@ def _compile_ascend(
 ) -> JitKernel:
     if kernel is not None and (not isinstance(kernel, str) or not kernel):
         raise ArgumentError(f"kernel must be the kernel's name in the source, got {kernel!r}")
-    if params is None or isinstance(params, (str, bytes)) or not all(isinstance(p, str) for p in params):
+    if params is not None and (
+        isinstance(params, (str, bytes)) or not all(isinstance(p, str) for p in params)
+    ):
         raise ArgumentError("params= must list the kernel's parameters, e.g. ['tensor', 'tensor', 'uint32']")
     device, soc = _ascend_device(device)
     options = list(flags)
@@ -529,7 +532,7 @@ def _compile_ascend(
         if cached:
             log.info("cache hit for %s: %s", name, target)
         data = target.read_bytes()
-        loaded = _native.Kernel.from_binary(data, kernel or name, list(params), device)
+        loaded = _native.Kernel.from_binary(data, kernel or name, None if params is None else list(params), device)
         return JitKernel(loaded, name, key, cached)
     finally:
         _native.profiler_end("jit", f"jit compile {name}")

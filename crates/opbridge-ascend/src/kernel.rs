@@ -92,7 +92,8 @@ pub struct AscendKernel {
     binary: RawBinary,
     function: RawFunction,
     name: String,
-    params: Vec<Param>,
+    /// As declared at load; `None`: given by each call's arguments (see [`AscendKernel::pack_as`]).
+    params: Option<Vec<Param>>,
     /// The point after the last launch on each stream used: the binary is unloaded only after
     /// them.
     pending: Mutex<Vec<(StreamId, Mark)>>,
@@ -106,7 +107,7 @@ unsafe impl Sync for AscendKernel {}
 
 impl AscendKernel {
     /// Loads the binary at `path` onto `device` and finds kernel `name` in it.
-    pub fn from_file(device: DeviceId, path: &Path, name: &str, params: Vec<Param>) -> Result<AscendKernel> {
+    pub fn from_file(device: DeviceId, path: &Path, name: &str, params: Option<Vec<Param>>) -> Result<AscendKernel> {
         let (runtime, index) = Self::runtime(device)?;
         let load = runtime.acl.aclrtBinaryLoadFromFile.ok_or_else(|| unsupported(device, "aclrtBinaryLoadFromFile"))?;
         let text = path.to_str().ok_or_else(|| Error::Device {
@@ -124,7 +125,7 @@ impl AscendKernel {
     }
 
     /// Loads a binary held in memory onto `device` and finds kernel `name` in it.
-    pub fn from_binary(device: DeviceId, data: &[u8], name: &str, params: Vec<Param>) -> Result<AscendKernel> {
+    pub fn from_binary(device: DeviceId, data: &[u8], name: &str, params: Option<Vec<Param>>) -> Result<AscendKernel> {
         let (runtime, index) = Self::runtime(device)?;
         let load = runtime.acl.aclrtBinaryLoadFromData.ok_or_else(|| unsupported(device, "aclrtBinaryLoadFromData"))?;
         if data.is_empty() {
@@ -155,7 +156,7 @@ impl AscendKernel {
         index: usize,
         binary: RawBinary,
         name: &str,
-        params: Vec<Param>,
+        params: Option<Vec<Param>>,
     ) -> Result<AscendKernel> {
         let device = ascend(index);
         let unload = |runtime: &Runtime| {
@@ -188,30 +189,50 @@ impl AscendKernel {
         &self.name
     }
 
-    pub fn params(&self) -> &[Param] {
-        &self.params
+    /// The parameters declared at load, if they were.
+    pub fn params(&self) -> Option<&[Param]> {
+        self.params.as_deref()
     }
 
     pub fn device(&self) -> DeviceId {
         ascend(self.index)
     }
 
-    /// Checks `args` against the parameters and packs them in C struct layout.
+    /// Checks `args` against the declared parameters and packs them in C struct layout.
     pub fn pack<'a>(&self, args: &[Arg<'a>]) -> std::result::Result<(Vec<u8>, Vec<&'a Tensor>), ArgError> {
+        match &self.params {
+            Some(params) => self.pack_as(params, args),
+            None => Err(ArgError {
+                message: format!(
+                    "kernel {} was loaded without params: each call must give its parameters' types",
+                    self.name
+                ),
+                wrong_device: false,
+            }),
+        }
+    }
+
+    /// Packs `args` as `params` (the declared ones, or, for a kernel loaded without, what the
+    /// caller's typed arguments say), checking each against its parameter.
+    pub fn pack_as<'a>(
+        &self,
+        params: &[Param],
+        args: &[Arg<'a>],
+    ) -> std::result::Result<(Vec<u8>, Vec<&'a Tensor>), ArgError> {
         let device = self.device();
         let wrong =
             |message: String| ArgError { message: format!("kernel {}: {message}", self.name), wrong_device: false };
-        if args.len() != self.params.len() {
+        if args.len() != params.len() {
             return Err(wrong(format!(
                 "expected {} arguments ({}), got {}",
-                self.params.len(),
-                self.params.iter().map(|p| p.name()).collect::<Vec<_>>().join(", "),
+                params.len(),
+                params.iter().map(|p| p.name()).collect::<Vec<_>>().join(", "),
                 args.len()
             )));
         }
         let mut packed = Vec::with_capacity(8 * args.len());
         let mut tensors = Vec::new();
-        for (k, (param, arg)) in self.params.iter().zip(args).enumerate() {
+        for (k, (param, arg)) in params.iter().zip(args).enumerate() {
             let at = packed.len().next_multiple_of(param.size());
             packed.resize(at, 0);
             let out_of_range = |v: i128| wrong(format!("argument {k} ({}) out of range: {v}", param.name()));

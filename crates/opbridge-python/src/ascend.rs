@@ -32,7 +32,8 @@ impl PyKernel {
     }
 }
 
-fn parse_params(params: Vec<String>) -> PyResult<Vec<Param>> {
+fn parse_params(params: Option<Vec<String>>) -> PyResult<Option<Vec<Param>>> {
+    let Some(params) = params else { return Ok(None) };
     params
         .iter()
         .map(|p| {
@@ -42,17 +43,49 @@ fn parse_params(params: Vec<String>) -> PyResult<Vec<Param>> {
                 ))
             })
         })
-        .collect()
+        .collect::<PyResult<Vec<Param>>>()
+        .map(Some)
+}
+
+/// The parameter type a numpy scalar argument (`np.uint32(n)`) names, for a kernel loaded
+/// without `params`.
+fn scalar_param(kernel: &str, k: usize, arg: &Bound<'_, PyAny>) -> PyResult<Param> {
+    let typed = if crate::ffi::numpy::as_ndarray(arg).is_some() {
+        None
+    } else {
+        arg.getattr(pyo3::intern!(arg.py(), "dtype"))
+            .and_then(|d| d.getattr(pyo3::intern!(arg.py(), "name")))
+            .and_then(|n| n.extract::<String>())
+            .ok()
+    };
+    match typed {
+        Some(name) => Param::parse(&name).filter(|p| *p != Param::Tensor).ok_or_else(|| {
+            argument_error(format!(
+                "kernel {kernel}: argument {k} is a numpy {name}; kernel parameters are int32, uint32, int64, uint64 or float32"
+            ))
+        }),
+        None => Err(argument_error(format!(
+            "kernel {kernel} was loaded without params, so argument {k} must say its C type: pass a numpy scalar \
+             (numpy.uint32(n), numpy.float32(x), ...) or declare params=[...] when loading"
+        ))),
+    }
 }
 
 #[pymethods]
 impl PyKernel {
     /// Loads the kernel binary at `path` onto `device` and finds kernel `name` in it. `params`
     /// names the kernel's parameters in order (a kernel binary does not carry them): "tensor"
-    /// for a global-memory pointer, "int32", "uint32", "int64", "uint64", "float32".
+    /// for a global-memory pointer, "int32", "uint32", "int64", "uint64", "float32". Without
+    /// them, each call's arguments give the types: Tensors, and numpy scalars for the rest.
     #[staticmethod]
-    #[pyo3(signature = (path, name, params, device = "ascend:0"))]
-    fn from_file(py: Python<'_>, path: PathBuf, name: &str, params: Vec<String>, device: &str) -> PyResult<PyKernel> {
+    #[pyo3(signature = (path, name, params = None, device = "ascend:0"))]
+    fn from_file(
+        py: Python<'_>,
+        path: PathBuf,
+        name: &str,
+        params: Option<Vec<String>>,
+        device: &str,
+    ) -> PyResult<PyKernel> {
         let (device, params) = (parse_device(Some(device))?, parse_params(params)?);
         let kernel = py.detach(|| AscendKernel::from_file(device, &path, name, params)).map_err(to_pyerr)?;
         Ok(PyKernel::new(kernel))
@@ -60,12 +93,12 @@ impl PyKernel {
 
     /// Like `from_file`, from the binary's bytes.
     #[staticmethod]
-    #[pyo3(signature = (data, name, params, device = "ascend:0"))]
+    #[pyo3(signature = (data, name, params = None, device = "ascend:0"))]
     fn from_binary(
         py: Python<'_>,
         data: &Bound<'_, PyBytes>,
         name: &str,
-        params: Vec<String>,
+        params: Option<Vec<String>>,
         device: &str,
     ) -> PyResult<PyKernel> {
         let (device, params) = (parse_device(Some(device))?, parse_params(params)?);
@@ -79,9 +112,10 @@ impl PyKernel {
         self.inner.name()
     }
 
+    /// The declared parameters, or None for a kernel loaded without.
     #[getter]
-    fn params(&self) -> Vec<&'static str> {
-        self.inner.params().iter().map(|p| p.name()).collect()
+    fn params(&self) -> Option<Vec<&'static str>> {
+        self.inner.params().map(|params| params.iter().map(|p| p.name()).collect())
     }
 
     #[getter]
@@ -106,13 +140,21 @@ impl PyKernel {
                 self.inner.name()
             ))
         })?;
+        let declared = self.inner.params().is_some();
+        let mut inferred: Vec<Param> = Vec::new();
         let mut tensors: Vec<Arc<opbridge_runtime::Tensor>> = Vec::new();
         let mut kinds: Vec<Option<Arg<'static>>> = Vec::with_capacity(args.len());
         for (k, arg) in args.iter().enumerate() {
             if let Ok(t) = arg.cast::<PyTensor>() {
                 tensors.push(Arc::clone(&t.get().inner));
                 kinds.push(None);
-            } else if arg.is_instance_of::<pyo3::types::PyBool>() {
+                inferred.push(Param::Tensor);
+                continue;
+            }
+            if !declared && !arg.is_instance_of::<pyo3::types::PyBool>() {
+                inferred.push(scalar_param(self.inner.name(), k, &arg)?);
+            }
+            if arg.is_instance_of::<pyo3::types::PyBool>() {
                 return Err(argument_error(format!("kernel {}: argument {k} is a bool", self.inner.name())));
             } else if let Ok(v) = arg.extract::<i128>() {
                 kinds.push(Some(Arg::Int(v)));
@@ -133,7 +175,11 @@ impl PyKernel {
             .map(|k| k.unwrap_or_else(|| Arg::Tensor(next_tensor.next().expect("one per None"))))
             .collect();
         // Typed errors before anything is enqueued.
-        let (packed, tensor_args) = self.inner.pack(&call_args).map_err(|e| {
+        let packed = match self.inner.params() {
+            Some(_) => self.inner.pack(&call_args),
+            None => self.inner.pack_as(&inferred, &call_args),
+        };
+        let (packed, tensor_args) = packed.map_err(|e| {
             if e.wrong_device {
                 device_error(e.message)
             } else {
@@ -151,7 +197,10 @@ impl PyKernel {
     }
 
     fn __repr__(&self) -> String {
-        format!("Kernel({:?} on {}, params={:?})", self.inner.name(), self.inner.device(), self.params())
+        match self.params() {
+            Some(params) => format!("Kernel({:?} on {}, params={params:?})", self.inner.name(), self.inner.device()),
+            None => format!("Kernel({:?} on {}, params from each call)", self.inner.name(), self.inner.device()),
+        }
     }
 }
 
