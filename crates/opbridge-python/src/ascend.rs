@@ -179,13 +179,8 @@ impl PyKernel {
             Some(_) => self.inner.pack(&call_args),
             None => self.inner.pack_as(&inferred, &call_args),
         };
-        let (packed, tensor_args) = packed.map_err(|e| {
-            if e.wrong_device {
-                device_error(e.message)
-            } else {
-                argument_error(e.message)
-            }
-        })?;
+        let (packed, tensor_args) =
+            packed.map_err(|e| if e.wrong_device { device_error(e.message) } else { argument_error(e.message) })?;
         let stream: Stream = match stream {
             Some(s) => s.get().inner.clone(),
             None => DeviceContext::get(self.inner.device()).and_then(|ctx| ctx.current_stream()).map_err(to_pyerr)?,
