@@ -486,9 +486,7 @@ def _compile_ascend(
 ) -> JitKernel:
     if kernel is not None and (not isinstance(kernel, str) or not kernel):
         raise ArgumentError(f"kernel must be the kernel's name in the source, got {kernel!r}")
-    if params is not None and (
-        isinstance(params, (str, bytes)) or not all(isinstance(p, str) for p in params)
-    ):
+    if params is not None and (isinstance(params, (str, bytes)) or not all(isinstance(p, str) for p in params)):
         raise ArgumentError("params= must list the kernel's parameters, e.g. ['tensor', 'tensor', 'uint32']")
     device, soc = _ascend_device(device)
     options = list(flags)
