@@ -104,11 +104,24 @@ ACLNN_API aclnnStatus aclnnCastGetWorkspaceSize(const aclTensor *self, const acl
 ACLNN_PHASE2(aclnnCast);
 ACLNN_API aclnnStatus aclnnInplaceCopyGetWorkspaceSize(aclTensor *selfRef, const aclTensor *src, ACLNN_PHASE1_OUT);
 ACLNN_PHASE2(aclnnInplaceCopy);
+/* unary: aclnnXxxGetWorkspaceSize(const aclTensor *self, aclTensor *out, ...) */
+#define ACLNN_UNARY(Name)                                                                                        \
+    ACLNN_API aclnnStatus aclnn##Name##GetWorkspaceSize(const aclTensor *self, aclTensor *out, ACLNN_PHASE1_OUT); \
+    ACLNN_PHASE2(aclnn##Name)
+ACLNN_UNARY(Neg);
+ACLNN_UNARY(Abs);
+ACLNN_UNARY(Exp);
+ACLNN_UNARY(Log);
+ACLNN_UNARY(Sqrt);
+ACLNN_UNARY(Tanh);
 
 /* libopapi_nn.so */
 ACLNN_API aclnnStatus aclnnMatmulGetWorkspaceSize(const aclTensor *self, const aclTensor *mat2, aclTensor *out,
                                                   int8_t cubeMathType, ACLNN_PHASE1_OUT);
 ACLNN_PHASE2(aclnnMatmul);
+ACLNN_UNARY(Relu);
+ACLNN_UNARY(Sigmoid);
+ACLNN_UNARY(Silu);
 
 /* ---- internal interface between libnnopbase.so and the op libraries (double only) ---- */
 #define ACLNN_DOUBLE_MAX_DIMS 8
@@ -123,7 +136,10 @@ typedef struct {
 } acldoubleTensorDesc;
 
 enum { ACLDOUBLE_OP_ADD = 1, ACLDOUBLE_OP_SUB, ACLDOUBLE_OP_MUL, ACLDOUBLE_OP_DIV, ACLDOUBLE_OP_MAX,
-       ACLDOUBLE_OP_MIN, ACLDOUBLE_OP_POW, ACLDOUBLE_OP_CAST, ACLDOUBLE_OP_COPY, ACLDOUBLE_OP_MATMUL };
+       ACLDOUBLE_OP_MIN, ACLDOUBLE_OP_POW, ACLDOUBLE_OP_CAST, ACLDOUBLE_OP_COPY, ACLDOUBLE_OP_MATMUL,
+       /* unary (self, out) */
+       ACLDOUBLE_OP_NEG, ACLDOUBLE_OP_ABS, ACLDOUBLE_OP_EXP, ACLDOUBLE_OP_LOG, ACLDOUBLE_OP_SQRT, ACLDOUBLE_OP_RELU,
+       ACLDOUBLE_OP_SIGMOID, ACLDOUBLE_OP_TANH, ACLDOUBLE_OP_SILU };
 
 typedef struct {
     int op;

@@ -751,7 +751,49 @@ static void binary_elem(const acldoubleOpDesc *d, const char *a, const char *b, 
     }
 }
 
-/* Elementwise ops (binary, cast, copy): results go to a contiguous temporary first, then are
+/* Unary ops, computed in the input's precision (float16 and bfloat16 in float, rounded on store). */
+static void unary_elem(const acldoubleOpDesc *d, const char *a, char *o) {
+    int dt = d->t[0].dtype, odt = d->t[1].dtype;
+    if (is_float(dt)) {
+        double x = ld_f(a, dt), r;
+        if (dt == ACL_DOUBLE) {
+            switch (d->op) {
+            case ACLDOUBLE_OP_NEG: r = -x; break;
+            case ACLDOUBLE_OP_ABS: r = fabs(x); break;
+            case ACLDOUBLE_OP_EXP: r = exp(x); break;
+            case ACLDOUBLE_OP_LOG: r = log(x); break;
+            case ACLDOUBLE_OP_SQRT: r = sqrt(x); break;
+            case ACLDOUBLE_OP_RELU: r = x > 0 ? x : (isnan(x) ? x : 0.0); break;
+            case ACLDOUBLE_OP_SIGMOID: r = 1.0 / (1.0 + exp(-x)); break;
+            case ACLDOUBLE_OP_TANH: r = tanh(x); break;
+            default: r = x / (1.0 + exp(-x)); break; /* silu */
+            }
+        } else {
+            float f = (float)x;
+            switch (d->op) {
+            case ACLDOUBLE_OP_NEG: r = -f; break;
+            case ACLDOUBLE_OP_ABS: r = fabsf(f); break;
+            case ACLDOUBLE_OP_EXP: r = expf(f); break;
+            case ACLDOUBLE_OP_LOG: r = logf(f); break;
+            case ACLDOUBLE_OP_SQRT: r = sqrtf(f); break;
+            case ACLDOUBLE_OP_RELU: r = f > 0 ? f : (isnan(f) ? f : 0.0f); break;
+            case ACLDOUBLE_OP_SIGMOID: r = 1.0f / (1.0f + expf(-f)); break;
+            case ACLDOUBLE_OP_TANH: r = tanhf(f); break;
+            default: r = f / (1.0f + expf(-f)); break; /* silu */
+            }
+        }
+        st_f(o, odt, r);
+        return;
+    }
+    int64_t x = ld_i(a, dt); /* phase 1 lets only neg, abs and relu through for integers */
+    switch (d->op) {
+    case ACLDOUBLE_OP_NEG: st_i(o, odt, (int64_t)(0 - (uint64_t)x)); break;
+    case ACLDOUBLE_OP_ABS: st_i(o, odt, x < 0 ? (int64_t)(0 - (uint64_t)x) : x); break;
+    default: st_i(o, odt, x > 0 ? x : 0); break; /* relu */
+    }
+}
+
+/* Elementwise ops (binary, unary, cast, copy): results go to a contiguous temporary first, then are
  * scattered to out, so outputs aliasing inputs (in-place, overlapping copies) are safe. */
 static int run_elementwise(task_t *t) {
     const acldoubleOpDesc *d = &t->d;
@@ -774,6 +816,7 @@ static int run_elementwise(task_t *t) {
         const char *a = t->view[0] + off[0] * isz[0];
         char *dst = tmp + e * (size_t)osz;
         if (d->op == ACLDOUBLE_OP_CAST || d->op == ACLDOUBLE_OP_COPY) convert(dst, o->dtype, a, d->t[0].dtype);
+        else if (d->op >= ACLDOUBLE_OP_NEG) unary_elem(d, a, dst);
         else binary_elem(d, a, t->view[1] + off[1] * isz[1], dst);
         for (int64_t ax = (int64_t)nd - 1; ax >= 0; ax--) {
             idx[ax]++;

@@ -89,7 +89,60 @@ __attribute__((unused)) static int check_bcast(const char *f, const acldoubleTen
     return 0;
 }
 
+/* A unary operator's phase 1: self and out of one shape (no broadcasting) and one dtype; the
+ * transcendental ones take floating dtypes only (CANN casts integers itself; the double asks
+ * the caller to, as opbridge does). */
+__attribute__((unused)) static aclnnStatus unary(const char *f, const char *name, int op, int floats_only,
+                                                 const aclTensor *self, aclTensor *out, uint64_t *ws,
+                                                 aclOpExecutor **ex) {
+    int rc = enter(f, ws, ex);
+    if (rc) return rc;
+    acldoubleOpDesc d;
+    memset(&d, 0, sizeof d);
+    d.op = op;
+    d.name = name;
+    d.ntensors = 2;
+    if ((rc = get(f, "self", self, &d.t[0])) || (rc = get(f, "out", out, &d.t[1]))) return rc;
+    int dt = d.t[0].dtype;
+    int fl = dt == ACL_FLOAT || dt == ACL_FLOAT16 || dt == ACL_DOUBLE || dt == ACL_BF16;
+    int ok = fl || (!floats_only && (dt == ACL_INT32 || dt == ACL_INT64));
+    if (!ok || d.t[1].dtype != dt) {
+        acldoubleNnSetError(ACLNN_ERR_PARAM_INVALID, f,
+                            "self dtype %s (%d), out dtype %s (%d): must be equal, one of FLOAT, FLOAT16, DOUBLE, "
+                            "BF16%s (double)",
+                            dtname(dt), dt, dtname(d.t[1].dtype), d.t[1].dtype, floats_only ? "" : ", INT32, INT64");
+        return ACLNN_ERR_PARAM_INVALID;
+    }
+    int same = d.t[0].ndim == d.t[1].ndim;
+    for (uint64_t i = 0; same && i < d.t[0].ndim; i++) same = d.t[0].dims[i] == d.t[1].dims[i];
+    if (!same) {
+        char a[128], b[128];
+        shape_str(&d.t[0], a, sizeof a);
+        shape_str(&d.t[1], b, sizeof b);
+        acldoubleNnSetError(ACLNN_ERR_PARAM_INVALID, f, "out shape %s differs from self shape %s", b, a);
+        return ACLNN_ERR_PARAM_INVALID;
+    }
+    return finish(f, &d, ws, ex);
+}
+
+#define UNARY(Name, OP, FLOATS_ONLY)                                                                              \
+    aclnnStatus aclnn##Name##GetWorkspaceSize(const aclTensor *self, aclTensor *out, uint64_t *workspaceSize,      \
+                                              aclOpExecutor **executor) {                                         \
+        return unary("aclnn" #Name "GetWorkspaceSize", "aclnn" #Name, OP, FLOATS_ONLY, self, out, workspaceSize,   \
+                     executor);                                                                                   \
+    }                                                                                                             \
+    aclnnStatus aclnn##Name(void *workspace, uint64_t workspaceSize, aclOpExecutor *executor, aclrtStream stream) { \
+        return acldoubleNnRun("aclnn" #Name, workspace, workspaceSize, executor, stream);                         \
+    }
+
 #ifdef ACLDOUBLE_OPAPI_MATH
+UNARY(Neg, ACLDOUBLE_OP_NEG, 0)
+UNARY(Abs, ACLDOUBLE_OP_ABS, 0)
+UNARY(Exp, ACLDOUBLE_OP_EXP, 1)
+UNARY(Log, ACLDOUBLE_OP_LOG, 1)
+UNARY(Sqrt, ACLDOUBLE_OP_SQRT, 1)
+UNARY(Tanh, ACLDOUBLE_OP_TANH, 1)
+
 static int arith_dtype(int dt) {
     return dt == ACL_FLOAT || dt == ACL_FLOAT16 || dt == ACL_DOUBLE || dt == ACL_BF16 || dt == ACL_INT32 ||
            dt == ACL_INT64;
@@ -235,6 +288,10 @@ aclnnStatus aclnnInplaceCopy(void *workspace, uint64_t workspaceSize, aclOpExecu
 #endif /* ACLDOUBLE_OPAPI_MATH */
 
 #ifdef ACLDOUBLE_OPAPI_NN
+UNARY(Relu, ACLDOUBLE_OP_RELU, 0)
+UNARY(Sigmoid, ACLDOUBLE_OP_SIGMOID, 1)
+UNARY(Silu, ACLDOUBLE_OP_SILU, 1)
+
 aclnnStatus aclnnMatmulGetWorkspaceSize(const aclTensor *self, const aclTensor *mat2, aclTensor *out,
                                         int8_t cubeMathType, uint64_t *workspaceSize, aclOpExecutor **executor) {
     static const char *F = "aclnnMatmulGetWorkspaceSize";

@@ -62,6 +62,13 @@ pub type BinaryPhase1 = unsafe extern "C" fn(
     size: *mut u64,
     executor: *mut *mut Executor,
 ) -> AclStatus;
+/// `aclnnNegGetWorkspaceSize` and the other unary operators: `(self, out, ...)`.
+pub type UnaryPhase1 = unsafe extern "C" fn(
+    a: *const AclTensor,
+    out: *mut AclTensor,
+    size: *mut u64,
+    executor: *mut *mut Executor,
+) -> AclStatus;
 pub type CastPhase1 = unsafe extern "C" fn(
     a: *const AclTensor,
     dtype: c_int,
@@ -139,6 +146,8 @@ pub struct Aclnn {
     pub cast: Option<TwoPhase<CastPhase1>>,
     pub copy: Option<TwoPhase<CopyPhase1>>,
     pub matmul: Option<TwoPhase<MatmulPhase1>>,
+    /// The unary operators by opbridge name (`neg` → `aclnnNeg`, ...), those present.
+    pub unary: Vec<(&'static str, TwoPhase<UnaryPhase1>)>,
 }
 
 impl fmt::Debug for Aclnn {
@@ -254,6 +263,20 @@ impl Aclnn {
             cast: two_phase!("aclnnCast", CastPhase1),
             copy: two_phase!("aclnnInplaceCopy", CopyPhase1),
             matmul: two_phase!("aclnnMatmul", MatmulPhase1),
+            unary: [
+                ("neg", two_phase!("aclnnNeg", UnaryPhase1)),
+                ("abs", two_phase!("aclnnAbs", UnaryPhase1)),
+                ("exp", two_phase!("aclnnExp", UnaryPhase1)),
+                ("log", two_phase!("aclnnLog", UnaryPhase1)),
+                ("sqrt", two_phase!("aclnnSqrt", UnaryPhase1)),
+                ("relu", two_phase!("aclnnRelu", UnaryPhase1)),
+                ("sigmoid", two_phase!("aclnnSigmoid", UnaryPhase1)),
+                ("tanh", two_phase!("aclnnTanh", UnaryPhase1)),
+                ("silu", two_phase!("aclnnSilu", UnaryPhase1)),
+            ]
+            .into_iter()
+            .filter_map(|(op, found)| Some((op, found?)))
+            .collect(),
             _libraries: libraries,
             paths,
             create_tensor,

@@ -8,7 +8,10 @@
 //! | `pow` | `aclnnPowTensorTensor` |
 //! | `cast` | `aclnnCast` |
 //! | `contiguous` | `aclnnInplaceCopy` (a strided source into a contiguous output) |
+//! | `transpose` | `aclnnInplaceCopy` from the input's permuted view (no transpose kernel needed) |
 //! | `matmul` | `aclnnMatmul` (`cubeMathType` = KEEP_DTYPE: no silent precision loss) |
+//! | `neg`, `abs`, `exp`, `log`, `sqrt` | `aclnnNeg`, `aclnnAbs`, `aclnnExp`, `aclnnLog`, `aclnnSqrt` |
+//! | `relu`, `sigmoid`, `tanh`, `silu` | `aclnnRelu`, `aclnnSigmoid`, `aclnnTanh`, `aclnnSilu` |
 //!
 //! Broadcasting and strided inputs are described to aclnn as they are (view shape, strides and
 //! offset over the storage), never expanded first.
@@ -33,11 +36,17 @@ enum Kernel {
     Pow,
     Cast,
     Contiguous,
+    Transpose,
     Matmul,
+    /// A unary operator, by opbridge name (its aclnn operator in [`Aclnn::unary`]).
+    Unary(&'static str),
 }
 
+/// The unary operators with an aclnn kernel.
+const UNARY: [&str; 9] = ["neg", "abs", "exp", "log", "sqrt", "relu", "sigmoid", "tanh", "silu"];
+
 /// Our operator names and their kernels.
-const KERNELS: [(&str, Kernel); 11] = [
+const KERNELS: [(&str, Kernel); 12] = [
     ("add", Kernel::Add),
     ("vector_add", Kernel::Add),
     ("sub", Kernel::Sub),
@@ -48,12 +57,13 @@ const KERNELS: [(&str, Kernel); 11] = [
     ("pow", Kernel::Pow),
     ("cast", Kernel::Cast),
     ("contiguous", Kernel::Contiguous),
+    ("transpose", Kernel::Transpose),
     ("matmul", Kernel::Matmul),
 ];
 
 /// Registers every Ascend kernel with the operator library.
 pub fn register() {
-    static ALL: [Kernel; 10] = [
+    static ALL: [Kernel; 11] = [
         Kernel::Add,
         Kernel::Sub,
         Kernel::Mul,
@@ -63,12 +73,27 @@ pub fn register() {
         Kernel::Pow,
         Kernel::Cast,
         Kernel::Contiguous,
+        Kernel::Transpose,
         Kernel::Matmul,
     ];
     for (name, kernel) in KERNELS {
         let registered: &'static Kernel =
             ALL.iter().find(|k| std::mem::discriminant(*k) == std::mem::discriminant(&kernel)).expect("listed");
         opbridge_ops::device::register(DeviceKind::Ascend, name, registered);
+    }
+    static UNARY_KERNELS: [Kernel; 9] = [
+        Kernel::Unary(UNARY[0]),
+        Kernel::Unary(UNARY[1]),
+        Kernel::Unary(UNARY[2]),
+        Kernel::Unary(UNARY[3]),
+        Kernel::Unary(UNARY[4]),
+        Kernel::Unary(UNARY[5]),
+        Kernel::Unary(UNARY[6]),
+        Kernel::Unary(UNARY[7]),
+        Kernel::Unary(UNARY[8]),
+    ];
+    for (name, kernel) in UNARY.iter().zip(&UNARY_KERNELS) {
+        opbridge_ops::device::register(DeviceKind::Ascend, name, kernel);
     }
 }
 
@@ -159,6 +184,25 @@ impl DeviceKernel for Kernel {
                     (op.phase1)(t[1], t[0], size, exec)
                 })
             }
+            Kernel::Unary(name) => {
+                let op = aclnn.unary.iter().find(|(n, _)| n == name).map(|(_, op)| *op);
+                let op = op.ok_or_else(|| missing(&format!("the aclnn operator of {name}")))?;
+                let tensors = [input(call, 0)?, out];
+                // SAFETY: live descriptors and out-pointers, the unary prototype of aclnn_exp.h & co.
+                launch((op.name, op.phase2), &tensors, None, 0, &mut |t, _, (size, exec)| unsafe {
+                    (op.phase1)(t[0], t[1], size, exec)
+                })
+            }
+            Kernel::Transpose => {
+                let op = aclnn.copy.ok_or_else(|| missing("aclnnInplaceCopy"))?;
+                let x = input(call, 0)?;
+                let permuted = permuted_view(x, call)?;
+                let tensors = [&permuted, out];
+                // SAFETY: as for `Contiguous`: the permuted view is the source.
+                launch((op.name, op.phase2), &tensors, None, 0, &mut |t, _, (size, exec)| unsafe {
+                    (op.phase1)(t[1], t[0], size, exec)
+                })
+            }
             Kernel::Matmul => {
                 let op = aclnn.matmul.ok_or_else(|| missing("aclnnMatmul"))?;
                 let tensors = [input(call, 0)?, input(call, 1)?, out];
@@ -170,4 +214,30 @@ impl DeviceKernel for Kernel {
             }
         }
     }
+}
+
+/// `x` seen with its axes permuted by the call's `axes` (default reversed; checked by the
+/// operator's planning), over the same storage: what `transpose` copies out contiguously.
+fn permuted_view(x: &Tensor, call: &DeviceCall<'_>) -> Result<Tensor> {
+    let ndim = x.shape().len();
+    let perm: Vec<usize> = match call.attrs.get("axes") {
+        Some(opbridge_ops::AttrValue::Ints(axes)) => {
+            axes.iter().map(|&a| if a < 0 { (a + ndim as i64) as usize } else { a as usize }).collect()
+        }
+        _ => (0..ndim).rev().collect(),
+    };
+    if perm.len() != ndim || perm.iter().any(|&a| a >= ndim) {
+        return Err(Error::Device {
+            device: call.stream.device(),
+            message: format!("{}: axes {perm:?} are not a permutation of {ndim} axes", call.op),
+        });
+    }
+    Tensor::from_storage(
+        std::sync::Arc::clone(x.storage()),
+        x.device(),
+        x.dtype(),
+        perm.iter().map(|&a| x.shape()[a]).collect(),
+        Some(perm.iter().map(|&a| x.strides()[a]).collect()),
+        x.byte_offset(),
+    )
 }

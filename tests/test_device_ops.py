@@ -1,0 +1,78 @@
+"""Operators on Tensors of every available device (`cpu:0`, and `ascend:0` on the ACL test
+double), checked against numpy: the unary family in every float dtype and the integer ones where
+numpy keeps them integer, and transpose (any axes, any dtype)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import opbridge as ob
+
+# op -> (numpy reference in float64, the dtypes it keeps, the input's domain)
+UNARY = {
+    "neg": (np.negative, ["float16", "float32", "float64", "int32", "int64"], "any"),
+    "abs": (np.abs, ["float16", "float32", "float64", "int32", "int64"], "any"),
+    "exp": (np.exp, ["float16", "float32", "float64"], "small"),
+    "log": (np.log, ["float16", "float32", "float64"], "positive"),
+    "sqrt": (np.sqrt, ["float16", "float32", "float64"], "positive"),
+    "relu": (lambda x: np.maximum(x, 0), ["float16", "float32", "float64", "int32", "int64"], "any"),
+    "sigmoid": (lambda x: 1 / (1 + np.exp(-x)), ["float16", "float32", "float64"], "small"),
+    "tanh": (np.tanh, ["float16", "float32", "float64"], "small"),
+    "silu": (lambda x: x / (1 + np.exp(-x)), ["float16", "float32", "float64"], "small"),
+}
+TOLERANCE = {"float16": 2e-3, "float32": 2e-6, "float64": 1e-13}
+
+
+def inputs(rng: np.random.Generator, domain: str, dtype: str, shape) -> np.ndarray:
+    if np.dtype(dtype).kind == "i":
+        return rng.integers(-1000, 1000, size=shape).astype(dtype)
+    x = rng.standard_normal(shape) * (3 if domain == "small" else 30)
+    if domain == "positive":
+        x = np.abs(x) + 0.01
+    return x.astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int32", "int64"])
+@pytest.mark.parametrize("op", sorted(UNARY))
+def test_unary_ops_match_numpy(device: str, op: str, dtype: str, rng) -> None:
+    reference, dtypes, domain = UNARY[op]
+    if dtype not in dtypes:
+        pytest.skip(f"numpy's {op} of {dtype} is not {dtype}")
+    a = inputs(rng, domain, dtype, (7, 33))
+    f = getattr(ob.ops, op)
+    t = ob.asarray(a, device=device)
+    # as given; transposed on the device; a sliced copy
+    for x, tensor in ((a, t), (a.T, ob.ops.transpose(t)), (a[::2, 3:], ob.asarray(a[::2, 3:], device=device))):
+        got = f(tensor).numpy()
+        with np.errstate(over="ignore"):
+            want = reference(x.astype(np.float64)).astype(dtype)  # rounded (and overflowed) as dtype
+        assert got.dtype == np.dtype(dtype) and got.shape == x.shape
+        if np.dtype(dtype).kind == "i":
+            np.testing.assert_array_equal(got, want)
+        else:
+            np.testing.assert_allclose(got, want, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("op", sorted(UNARY))
+def test_unary_ops_on_empty_and_special_values(device: str, op: str) -> None:
+    f = getattr(ob.ops, op)
+    empty = f(ob.asarray(np.zeros((0, 3), np.float32), device=device)).numpy()
+    assert empty.shape == (0, 3)
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan], np.float32)
+    got = f(ob.asarray(special, device=device)).numpy()
+    with np.errstate(all="ignore"):
+        want = f(special)  # the host kernel: the device agrees with it on every special value
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(got[~np.isnan(got)], want[~np.isnan(want)])
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int32", "int64"])
+@pytest.mark.parametrize("axes", [None, (1, 0, 2), (2, 0, 1), (-1, -3, -2)])
+def test_transpose_matches_numpy(device: str, axes, dtype: str, rng) -> None:
+    a = inputs(rng, "any", dtype, (3, 4, 5))
+    got = ob.ops.transpose(ob.asarray(a, device=device), axes=axes)
+    assert got.device == device
+    np.testing.assert_array_equal(got.numpy(), np.transpose(a, axes))
+    with pytest.raises(ob.ShapeError):
+        ob.ops.transpose(ob.asarray(a, device=device), axes=(0, 0, 1))
