@@ -1,6 +1,7 @@
 """Operators on Tensors of every available device (`cpu:0`, and `ascend:0` on the ACL test
 double), checked against numpy: the unary family in every float dtype and the integer ones where
-numpy keeps them integer, and transpose (any axes, any dtype)."""
+numpy keeps them integer, softmax and log_softmax along any axis, and transpose (any axes, any
+dtype)."""
 
 from __future__ import annotations
 
@@ -76,3 +77,19 @@ def test_transpose_matches_numpy(device: str, axes, dtype: str, rng) -> None:
     np.testing.assert_array_equal(got.numpy(), np.transpose(a, axes))
     with pytest.raises(ob.ShapeError):
         ob.ops.transpose(ob.asarray(a, device=device), axes=(0, 0, 1))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("axis", [0, 1, -1])
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_softmax_matches_numpy(device: str, op: str, axis: int, dtype: str, rng) -> None:
+    a = (rng.standard_normal((4, 5, 6)) * 4).astype(dtype)
+    x = a.astype(np.float64)
+    shifted = x - x.max(axis=axis, keepdims=True)
+    log_sum = np.log(np.exp(shifted).sum(axis=axis, keepdims=True))
+    want = np.exp(shifted - log_sum) if op == "softmax" else shifted - log_sum
+    got = getattr(ob.ops, op)(ob.asarray(a, device=device), axis=axis).numpy()
+    assert got.dtype == np.dtype(dtype)
+    np.testing.assert_allclose(got, want.astype(dtype), rtol=TOLERANCE[dtype] * 4, atol=TOLERANCE[dtype] * 4)
+    with pytest.raises(ob.OpBridgeError):
+        getattr(ob.ops, op)(ob.asarray(a, device=device), axis=3)

@@ -119,6 +119,12 @@ ACLNN_UNARY(Tanh);
 ACLNN_API aclnnStatus aclnnMatmulGetWorkspaceSize(const aclTensor *self, const aclTensor *mat2, aclTensor *out,
                                                   int8_t cubeMathType, ACLNN_PHASE1_OUT);
 ACLNN_PHASE2(aclnnMatmul);
+ACLNN_API aclnnStatus aclnnSoftmaxGetWorkspaceSize(const aclTensor *self, int64_t dim, aclTensor *out,
+                                                   ACLNN_PHASE1_OUT);
+ACLNN_PHASE2(aclnnSoftmax);
+ACLNN_API aclnnStatus aclnnLogSoftmaxGetWorkspaceSize(const aclTensor *self, int64_t dim, aclTensor *out,
+                                                      ACLNN_PHASE1_OUT);
+ACLNN_PHASE2(aclnnLogSoftmax);
 ACLNN_UNARY(Relu);
 ACLNN_UNARY(Sigmoid);
 ACLNN_UNARY(Silu);
@@ -139,7 +145,9 @@ enum { ACLDOUBLE_OP_ADD = 1, ACLDOUBLE_OP_SUB, ACLDOUBLE_OP_MUL, ACLDOUBLE_OP_DI
        ACLDOUBLE_OP_MIN, ACLDOUBLE_OP_POW, ACLDOUBLE_OP_CAST, ACLDOUBLE_OP_COPY, ACLDOUBLE_OP_MATMUL,
        /* unary (self, out) */
        ACLDOUBLE_OP_NEG, ACLDOUBLE_OP_ABS, ACLDOUBLE_OP_EXP, ACLDOUBLE_OP_LOG, ACLDOUBLE_OP_SQRT, ACLDOUBLE_OP_RELU,
-       ACLDOUBLE_OP_SIGMOID, ACLDOUBLE_OP_TANH, ACLDOUBLE_OP_SILU };
+       ACLDOUBLE_OP_SIGMOID, ACLDOUBLE_OP_TANH, ACLDOUBLE_OP_SILU,
+       /* along one dim (alpha_i): (self, dim, out) */
+       ACLDOUBLE_OP_SOFTMAX, ACLDOUBLE_OP_LOG_SOFTMAX };
 
 typedef struct {
     int op;

@@ -816,7 +816,7 @@ static int run_elementwise(task_t *t) {
         const char *a = t->view[0] + off[0] * isz[0];
         char *dst = tmp + e * (size_t)osz;
         if (d->op == ACLDOUBLE_OP_CAST || d->op == ACLDOUBLE_OP_COPY) convert(dst, o->dtype, a, d->t[0].dtype);
-        else if (d->op >= ACLDOUBLE_OP_NEG) unary_elem(d, a, dst);
+        else if (d->op >= ACLDOUBLE_OP_NEG && d->op <= ACLDOUBLE_OP_SILU) unary_elem(d, a, dst);
         else binary_elem(d, a, t->view[1] + off[1] * isz[1], dst);
         for (int64_t ax = (int64_t)nd - 1; ax >= 0; ax--) {
             idx[ax]++;
@@ -937,6 +937,44 @@ static int run_matmul(task_t *t) {
     return 0;
 }
 
+/* softmax / log_softmax of self along dim (d->alpha_i, normalized by phase 1), in double. */
+static int run_softmax(task_t *t) {
+    const acldoubleOpDesc *d = &t->d;
+    const acldoubleTensorDesc *x = &d->t[0], *o = &d->t[1];
+    int64_t dim = d->alpha_i, len = x->dims[dim];
+    uint64_t n = numel(x);
+    if (n == 0) return 0;
+    int isz = acldoubleNnDtypeSize(x->dtype), osz = acldoubleNnDtypeSize(o->dtype);
+    double *row = malloc((size_t)len * sizeof *row);
+    if (!row) return 1;
+    int64_t idx[ACLNN_DOUBLE_MAX_DIMS] = {0};
+    for (uint64_t r = 0; r < n / (uint64_t)len; r++) {
+        int64_t xo = 0, oo = 0;
+        for (uint64_t ax = 0; ax < x->ndim; ax++) {
+            xo += idx[ax] * x->strides[ax];
+            oo += idx[ax] * o->strides[ax];
+        }
+        double m = -INFINITY, sum = 0;
+        for (int64_t i = 0; i < len; i++) {
+            row[i] = ld_f(t->view[0] + (xo + i * x->strides[dim]) * isz, x->dtype);
+            if (row[i] > m || isnan(row[i])) m = row[i];
+        }
+        for (int64_t i = 0; i < len; i++) sum += exp(row[i] - m);
+        for (int64_t i = 0; i < len; i++) {
+            double v = d->op == ACLDOUBLE_OP_SOFTMAX ? exp(row[i] - m) / sum : row[i] - m - log(sum);
+            st_f(t->view[1] + (oo + i * o->strides[dim]) * osz, o->dtype, v);
+        }
+        /* next row: every axis but dim, last fastest */
+        for (int64_t ax = (int64_t)x->ndim - 1; ax >= 0; ax--) {
+            if (ax == dim) continue;
+            if (++idx[ax] < x->dims[ax]) break;
+            idx[ax] = 0;
+        }
+    }
+    free(row);
+    return 0;
+}
+
 static int task_run(void *ctx) {
     task_t *t = ctx;
     const acldoubleOpDesc *d = &t->d;
@@ -971,7 +1009,9 @@ static int task_run(void *ctx) {
     }
     struct timespec began, ended;
     clock_gettime(CLOCK_MONOTONIC, &began);
-    int rc = d->op == ACLDOUBLE_OP_MATMUL ? (numel(&d->t[2]) ? run_matmul(t) : 0) : run_elementwise(t);
+    int rc = d->op == ACLDOUBLE_OP_MATMUL ? (numel(&d->t[2]) ? run_matmul(t) : 0)
+             : d->op >= ACLDOUBLE_OP_SOFTMAX ? run_softmax(t)
+                                              : run_elementwise(t);
     /* The timing model is the modelled device's speed: the kernel takes at least bytes / rate,
      * however long the host's own computation took. */
     pthread_once(&g_gbps_once, parse_gbps);

@@ -89,39 +89,45 @@ __attribute__((unused)) static int check_bcast(const char *f, const acldoubleTen
     return 0;
 }
 
+__attribute__((unused)) static int unary_desc(const char *f, const char *name, int op, int floats_only,
+                                              const aclTensor *self, aclTensor *out, acldoubleOpDesc *d) {
+    int rc;
+    memset(d, 0, sizeof *d);
+    d->op = op;
+    d->name = name;
+    d->ntensors = 2;
+    if ((rc = get(f, "self", self, &d->t[0])) || (rc = get(f, "out", out, &d->t[1]))) return rc;
+    int dt = d->t[0].dtype;
+    int fl = dt == ACL_FLOAT || dt == ACL_FLOAT16 || dt == ACL_DOUBLE || dt == ACL_BF16;
+    int ok = fl || (!floats_only && (dt == ACL_INT32 || dt == ACL_INT64));
+    if (!ok || d->t[1].dtype != dt) {
+        acldoubleNnSetError(ACLNN_ERR_PARAM_INVALID, f,
+                            "self dtype %s (%d), out dtype %s (%d): must be equal, one of FLOAT, FLOAT16, DOUBLE, "
+                            "BF16%s (double)",
+                            dtname(dt), dt, dtname(d->t[1].dtype), d->t[1].dtype, floats_only ? "" : ", INT32, INT64");
+        return ACLNN_ERR_PARAM_INVALID;
+    }
+    int same = d->t[0].ndim == d->t[1].ndim;
+    for (uint64_t i = 0; same && i < d->t[0].ndim; i++) same = d->t[0].dims[i] == d->t[1].dims[i];
+    if (!same) {
+        char a[128], b[128];
+        shape_str(&d->t[0], a, sizeof a);
+        shape_str(&d->t[1], b, sizeof b);
+        acldoubleNnSetError(ACLNN_ERR_PARAM_INVALID, f, "out shape %s differs from self shape %s", b, a);
+        return ACLNN_ERR_PARAM_INVALID;
+    }
+    return 0;
+}
+
 /* A unary operator's phase 1: self and out of one shape (no broadcasting) and one dtype; the
  * transcendental ones take floating dtypes only (CANN casts integers itself; the double asks
  * the caller to, as opbridge does). */
 __attribute__((unused)) static aclnnStatus unary(const char *f, const char *name, int op, int floats_only,
                                                  const aclTensor *self, aclTensor *out, uint64_t *ws,
                                                  aclOpExecutor **ex) {
-    int rc = enter(f, ws, ex);
-    if (rc) return rc;
     acldoubleOpDesc d;
-    memset(&d, 0, sizeof d);
-    d.op = op;
-    d.name = name;
-    d.ntensors = 2;
-    if ((rc = get(f, "self", self, &d.t[0])) || (rc = get(f, "out", out, &d.t[1]))) return rc;
-    int dt = d.t[0].dtype;
-    int fl = dt == ACL_FLOAT || dt == ACL_FLOAT16 || dt == ACL_DOUBLE || dt == ACL_BF16;
-    int ok = fl || (!floats_only && (dt == ACL_INT32 || dt == ACL_INT64));
-    if (!ok || d.t[1].dtype != dt) {
-        acldoubleNnSetError(ACLNN_ERR_PARAM_INVALID, f,
-                            "self dtype %s (%d), out dtype %s (%d): must be equal, one of FLOAT, FLOAT16, DOUBLE, "
-                            "BF16%s (double)",
-                            dtname(dt), dt, dtname(d.t[1].dtype), d.t[1].dtype, floats_only ? "" : ", INT32, INT64");
-        return ACLNN_ERR_PARAM_INVALID;
-    }
-    int same = d.t[0].ndim == d.t[1].ndim;
-    for (uint64_t i = 0; same && i < d.t[0].ndim; i++) same = d.t[0].dims[i] == d.t[1].dims[i];
-    if (!same) {
-        char a[128], b[128];
-        shape_str(&d.t[0], a, sizeof a);
-        shape_str(&d.t[1], b, sizeof b);
-        acldoubleNnSetError(ACLNN_ERR_PARAM_INVALID, f, "out shape %s differs from self shape %s", b, a);
-        return ACLNN_ERR_PARAM_INVALID;
-    }
+    int rc = enter(f, ws, ex);
+    if (rc || (rc = unary_desc(f, name, op, floats_only, self, out, &d))) return rc;
     return finish(f, &d, ws, ex);
 }
 
@@ -288,6 +294,39 @@ aclnnStatus aclnnInplaceCopy(void *workspace, uint64_t workspaceSize, aclOpExecu
 #endif /* ACLDOUBLE_OPAPI_MATH */
 
 #ifdef ACLDOUBLE_OPAPI_NN
+/* softmax-like phase 1: floating self and out of one shape and dtype, dim in [-ndim, ndim) */
+static aclnnStatus along_dim(const char *f, const char *name, int op, const aclTensor *self, int64_t dim,
+                             aclTensor *out, uint64_t *ws, aclOpExecutor **ex) {
+    acldoubleOpDesc d;
+    int rc = enter(f, ws, ex);
+    if (rc || (rc = unary_desc(f, name, op, 1, self, out, &d))) return rc;
+    int64_t nd = (int64_t)d.t[0].ndim;
+    if (nd == 0 || dim < -nd || dim >= nd) {
+        acldoubleNnSetError(ACLNN_ERR_PARAM_INVALID, f, "dim %lld out of range for a %lld-d self", (long long)dim,
+                            (long long)nd);
+        return ACLNN_ERR_PARAM_INVALID;
+    }
+    d.alpha_i = dim < 0 ? dim + nd : dim;
+    return finish(f, &d, ws, ex);
+}
+
+aclnnStatus aclnnSoftmaxGetWorkspaceSize(const aclTensor *self, int64_t dim, aclTensor *out, uint64_t *workspaceSize,
+                                         aclOpExecutor **executor) {
+    return along_dim("aclnnSoftmaxGetWorkspaceSize", "aclnnSoftmax", ACLDOUBLE_OP_SOFTMAX, self, dim, out,
+                     workspaceSize, executor);
+}
+aclnnStatus aclnnSoftmax(void *workspace, uint64_t workspaceSize, aclOpExecutor *executor, aclrtStream stream) {
+    return acldoubleNnRun("aclnnSoftmax", workspace, workspaceSize, executor, stream);
+}
+aclnnStatus aclnnLogSoftmaxGetWorkspaceSize(const aclTensor *self, int64_t dim, aclTensor *out,
+                                            uint64_t *workspaceSize, aclOpExecutor **executor) {
+    return along_dim("aclnnLogSoftmaxGetWorkspaceSize", "aclnnLogSoftmax", ACLDOUBLE_OP_LOG_SOFTMAX, self, dim, out,
+                     workspaceSize, executor);
+}
+aclnnStatus aclnnLogSoftmax(void *workspace, uint64_t workspaceSize, aclOpExecutor *executor, aclrtStream stream) {
+    return acldoubleNnRun("aclnnLogSoftmax", workspace, workspaceSize, executor, stream);
+}
+
 UNARY(Relu, ACLDOUBLE_OP_RELU, 0)
 UNARY(Sigmoid, ACLDOUBLE_OP_SIGMOID, 1)
 UNARY(Silu, ACLDOUBLE_OP_SILU, 1)

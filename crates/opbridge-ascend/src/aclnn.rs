@@ -69,6 +69,14 @@ pub type UnaryPhase1 = unsafe extern "C" fn(
     size: *mut u64,
     executor: *mut *mut Executor,
 ) -> AclStatus;
+/// `aclnnSoftmaxGetWorkspaceSize` / `aclnnLogSoftmaxGetWorkspaceSize`: `(self, dim, out, ...)`.
+pub type DimPhase1 = unsafe extern "C" fn(
+    a: *const AclTensor,
+    dim: i64,
+    out: *mut AclTensor,
+    size: *mut u64,
+    executor: *mut *mut Executor,
+) -> AclStatus;
 pub type CastPhase1 = unsafe extern "C" fn(
     a: *const AclTensor,
     dtype: c_int,
@@ -146,6 +154,8 @@ pub struct Aclnn {
     pub cast: Option<TwoPhase<CastPhase1>>,
     pub copy: Option<TwoPhase<CopyPhase1>>,
     pub matmul: Option<TwoPhase<MatmulPhase1>>,
+    pub softmax: Option<TwoPhase<DimPhase1>>,
+    pub log_softmax: Option<TwoPhase<DimPhase1>>,
     /// The unary operators by opbridge name (`neg` → `aclnnNeg`, ...), those present.
     pub unary: Vec<(&'static str, TwoPhase<UnaryPhase1>)>,
 }
@@ -263,6 +273,8 @@ impl Aclnn {
             cast: two_phase!("aclnnCast", CastPhase1),
             copy: two_phase!("aclnnInplaceCopy", CopyPhase1),
             matmul: two_phase!("aclnnMatmul", MatmulPhase1),
+            softmax: two_phase!("aclnnSoftmax", DimPhase1),
+            log_softmax: two_phase!("aclnnLogSoftmax", DimPhase1),
             unary: [
                 ("neg", two_phase!("aclnnNeg", UnaryPhase1)),
                 ("abs", two_phase!("aclnnAbs", UnaryPhase1)),

@@ -9,6 +9,7 @@
 //! | `cast` | `aclnnCast` |
 //! | `contiguous` | `aclnnInplaceCopy` (a strided source into a contiguous output) |
 //! | `transpose` | `aclnnInplaceCopy` from the input's permuted view (no transpose kernel needed) |
+//! | `softmax`, `log_softmax` | `aclnnSoftmax`, `aclnnLogSoftmax` (`dim` = `axis`) |
 //! | `matmul` | `aclnnMatmul` (`cubeMathType` = KEEP_DTYPE: no silent precision loss) |
 //! | `neg`, `abs`, `exp`, `log`, `sqrt` | `aclnnNeg`, `aclnnAbs`, `aclnnExp`, `aclnnLog`, `aclnnSqrt` |
 //! | `relu`, `sigmoid`, `tanh`, `silu` | `aclnnRelu`, `aclnnSigmoid`, `aclnnTanh`, `aclnnSilu` |
@@ -37,6 +38,8 @@ enum Kernel {
     Cast,
     Contiguous,
     Transpose,
+    Softmax,
+    LogSoftmax,
     Matmul,
     /// A unary operator, by opbridge name (its aclnn operator in [`Aclnn::unary`]).
     Unary(&'static str),
@@ -46,7 +49,7 @@ enum Kernel {
 const UNARY: [&str; 9] = ["neg", "abs", "exp", "log", "sqrt", "relu", "sigmoid", "tanh", "silu"];
 
 /// Our operator names and their kernels.
-const KERNELS: [(&str, Kernel); 12] = [
+const KERNELS: [(&str, Kernel); 14] = [
     ("add", Kernel::Add),
     ("vector_add", Kernel::Add),
     ("sub", Kernel::Sub),
@@ -58,12 +61,14 @@ const KERNELS: [(&str, Kernel); 12] = [
     ("cast", Kernel::Cast),
     ("contiguous", Kernel::Contiguous),
     ("transpose", Kernel::Transpose),
+    ("softmax", Kernel::Softmax),
+    ("log_softmax", Kernel::LogSoftmax),
     ("matmul", Kernel::Matmul),
 ];
 
 /// Registers every Ascend kernel with the operator library.
 pub fn register() {
-    static ALL: [Kernel; 11] = [
+    static ALL: [Kernel; 13] = [
         Kernel::Add,
         Kernel::Sub,
         Kernel::Mul,
@@ -74,6 +79,8 @@ pub fn register() {
         Kernel::Cast,
         Kernel::Contiguous,
         Kernel::Transpose,
+        Kernel::Softmax,
+        Kernel::LogSoftmax,
         Kernel::Matmul,
     ];
     for (name, kernel) in KERNELS {
@@ -201,6 +208,22 @@ impl DeviceKernel for Kernel {
                 // SAFETY: as for `Contiguous`: the permuted view is the source.
                 launch((op.name, op.phase2), &tensors, None, 0, &mut |t, _, (size, exec)| unsafe {
                     (op.phase1)(t[1], t[0], size, exec)
+                })
+            }
+            Kernel::Softmax | Kernel::LogSoftmax => {
+                let (op, name) = match self {
+                    Kernel::Softmax => (aclnn.softmax, "aclnnSoftmax"),
+                    _ => (aclnn.log_softmax, "aclnnLogSoftmax"),
+                };
+                let op = op.ok_or_else(|| missing(name))?;
+                let dim = match call.attrs.get("axis") {
+                    Some(opbridge_ops::AttrValue::Int(axis)) => *axis,
+                    _ => -1,
+                };
+                let tensors = [input(call, 0)?, out];
+                // SAFETY: live descriptors and out-pointers, the prototype of aclnn_softmax.h.
+                launch((op.name, op.phase2), &tensors, None, dim, &mut |t, _, (size, exec)| unsafe {
+                    (op.phase1)(t[0], dim, t[1], size, exec)
                 })
             }
             Kernel::Matmul => {
