@@ -93,3 +93,41 @@ def test_softmax_matches_numpy(device: str, op: str, axis: int, dtype: str, rng)
     np.testing.assert_allclose(got, want.astype(dtype), rtol=TOLERANCE[dtype] * 4, atol=TOLERANCE[dtype] * 4)
     with pytest.raises(ob.OpBridgeError):
         getattr(ob.ops, op)(ob.asarray(a, device=device), axis=3)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int32", "int64"])
+@pytest.mark.parametrize("axis", [None, 0, 1, -1])
+@pytest.mark.parametrize("op", ["sum", "mean", "max", "min", "argmax"])
+def test_reductions_match_the_host(device: str, op: str, axis, dtype: str, rng) -> None:
+    a = inputs(rng, "small", dtype, (5, 6, 7))
+    if dtype == "float16":
+        a[1, 2, 3] = a.max()  # a tie: argmax takes the first
+    f = getattr(ob.ops, op)
+    keepdims_cases = [False] if op == "argmax" else [False, True]
+    for keepdims in keepdims_cases:
+        kwargs = {"axis": axis} if op == "argmax" else {"axis": axis, "keepdims": keepdims}
+        got = f(ob.asarray(a, device=device), **kwargs).numpy()
+        want = f(a, **kwargs)  # the host kernel (checked against numpy by the CPU suite)
+        assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, want.dtype, got.shape, want.shape)
+        if got.dtype.kind in "iu":
+            np.testing.assert_array_equal(got, want)
+        else:
+            tol = {"float16": 2e-3, "float32": 2e-5, "float64": 1e-12}[str(got.dtype)]
+            np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+
+
+def test_reductions_of_nan_and_empty(device: str) -> None:
+    a = np.array([[1.0, np.nan, 3.0], [4.0, 5.0, 6.0]], np.float32)
+    t = ob.asarray(a, device=device)
+    np.testing.assert_array_equal(ob.ops.max(t, axis=1).numpy(), [np.nan, 6.0])
+    np.testing.assert_array_equal(ob.ops.min(t, axis=1).numpy(), [np.nan, 4.0])
+    np.testing.assert_array_equal(ob.ops.argmax(t, axis=1).numpy(), [1, 2])
+    empty = ob.asarray(np.zeros((0, 3), np.float32), device=device)
+    np.testing.assert_array_equal(ob.ops.sum(empty, axis=0).numpy(), [0.0, 0.0, 0.0])
+    assert np.isnan(ob.ops.mean(empty, axis=0).numpy()).all()
+    with pytest.raises(ob.OpBridgeError, match="zero-size|empty"):
+        ob.ops.max(empty, axis=0).numpy()
+    try:  # on the CPU the kernel's failure is also its stream's, reported once more here
+        ob.synchronize(device)
+    except ob.OpBridgeError:
+        pass

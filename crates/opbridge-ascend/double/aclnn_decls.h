@@ -6,6 +6,7 @@
 #define ACLNN_DOUBLE_DECLS_H
 
 #include <stddef.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -104,6 +105,21 @@ ACLNN_API aclnnStatus aclnnCastGetWorkspaceSize(const aclTensor *self, const acl
 ACLNN_PHASE2(aclnnCast);
 ACLNN_API aclnnStatus aclnnInplaceCopyGetWorkspaceSize(aclTensor *selfRef, const aclTensor *src, ACLNN_PHASE1_OUT);
 ACLNN_PHASE2(aclnnInplaceCopy);
+ACLNN_API aclnnStatus aclnnReduceSumGetWorkspaceSize(const aclTensor *self, const aclIntArray *dims, bool keepDims,
+                                                     aclDataType dtype, aclTensor *out, ACLNN_PHASE1_OUT);
+ACLNN_PHASE2(aclnnReduceSum);
+ACLNN_API aclnnStatus aclnnMeanGetWorkspaceSize(const aclTensor *self, const aclIntArray *dim, bool keepDim,
+                                                aclDataType dtype, aclTensor *out, ACLNN_PHASE1_OUT);
+ACLNN_PHASE2(aclnnMean);
+ACLNN_API aclnnStatus aclnnAmaxGetWorkspaceSize(const aclTensor *self, const aclIntArray *dim, bool keepDim,
+                                                aclTensor *out, ACLNN_PHASE1_OUT);
+ACLNN_PHASE2(aclnnAmax);
+ACLNN_API aclnnStatus aclnnAminGetWorkspaceSize(const aclTensor *self, const aclIntArray *dim, bool keepDim,
+                                                aclTensor *out, ACLNN_PHASE1_OUT);
+ACLNN_PHASE2(aclnnAmin);
+ACLNN_API aclnnStatus aclnnArgMaxGetWorkspaceSize(const aclTensor *self, int64_t dim, bool keepdim, aclTensor *out,
+                                                  ACLNN_PHASE1_OUT);
+ACLNN_PHASE2(aclnnArgMax);
 /* unary: aclnnXxxGetWorkspaceSize(const aclTensor *self, aclTensor *out, ...) */
 #define ACLNN_UNARY(Name)                                                                                        \
     ACLNN_API aclnnStatus aclnn##Name##GetWorkspaceSize(const aclTensor *self, aclTensor *out, ACLNN_PHASE1_OUT); \
@@ -147,7 +163,9 @@ enum { ACLDOUBLE_OP_ADD = 1, ACLDOUBLE_OP_SUB, ACLDOUBLE_OP_MUL, ACLDOUBLE_OP_DI
        ACLDOUBLE_OP_NEG, ACLDOUBLE_OP_ABS, ACLDOUBLE_OP_EXP, ACLDOUBLE_OP_LOG, ACLDOUBLE_OP_SQRT, ACLDOUBLE_OP_RELU,
        ACLDOUBLE_OP_SIGMOID, ACLDOUBLE_OP_TANH, ACLDOUBLE_OP_SILU,
        /* along one dim (alpha_i): (self, dim, out) */
-       ACLDOUBLE_OP_SOFTMAX, ACLDOUBLE_OP_LOG_SOFTMAX };
+       ACLDOUBLE_OP_SOFTMAX, ACLDOUBLE_OP_LOG_SOFTMAX,
+       /* reductions over dims_mask (keepdim): (self, out) */
+       ACLDOUBLE_OP_SUM, ACLDOUBLE_OP_MEAN, ACLDOUBLE_OP_AMAX, ACLDOUBLE_OP_AMIN, ACLDOUBLE_OP_ARGMAX };
 
 typedef struct {
     int op;
@@ -157,10 +175,13 @@ typedef struct {
     double alpha_f;
     int64_t alpha_i;
     uint64_t workspace_size;
+    uint32_t dims_mask; /* reductions: the reduced dims of t[0] */
+    int keepdim;
 } acldoubleOpDesc;
 
 ACLNN_API int acldoubleNnTensorDesc(const aclTensor *t, acldoubleTensorDesc *out);
 ACLNN_API int acldoubleNnScalarValue(const aclScalar *s, double *f, int64_t *i);
+ACLNN_API int acldoubleNnIntArrayValues(const aclIntArray *a, const int64_t **values, uint64_t *size);
 ACLNN_API int acldoubleNnDtypeSize(int dtype);
 ACLNN_API void acldoubleNnSetError(int code, const char *func, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

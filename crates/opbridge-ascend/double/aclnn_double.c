@@ -330,6 +330,14 @@ int acldoubleNnScalarValue(const aclScalar *s, double *f, int64_t *i) {
     return 0;
 }
 
+int acldoubleNnIntArrayValues(const aclIntArray *a, const int64_t **values, uint64_t *size) {
+    if (!a) return ACLNN_ERR_PARAM_NULLPTR;
+    if (a->magic != INTARR_MAGIC) return ACLNN_ERR_PARAM_INVALID;
+    *values = a->v;
+    *size = a->size;
+    return 0;
+}
+
 aclIntArray *aclCreateIntArray(const int64_t *value, uint64_t size) {
     if (!value && size) {
         acldoubleNnSetError(ACLNN_ERR_PARAM_NULLPTR, "aclCreateIntArray", "value NULL with size %llu",
@@ -975,6 +983,99 @@ static int run_softmax(task_t *t) {
     return 0;
 }
 
+/* Reductions of self over the dims in d->dims_mask into out (dims kept with size 1 or dropped):
+ * accumulated densely per output element (sums in double or wrapping int64), then stored. */
+static int run_reduce(task_t *t) {
+    const acldoubleOpDesc *d = &t->d;
+    const acldoubleTensorDesc *x = &d->t[0], *o = &d->t[1];
+    uint64_t nin = numel(x), nout = numel(o);
+    if (nout == 0) return 0;
+    int isz = acldoubleNnDtypeSize(x->dtype), osz = acldoubleNnDtypeSize(o->dtype);
+    int fin = is_float(x->dtype), op = d->op;
+    double *acc = calloc(nout, sizeof *acc);
+    int64_t *iacc = calloc(nout, sizeof *iacc), *arg = calloc(nout, sizeof *arg);
+    char *seen = calloc(nout, 1);
+    if (!acc || !iacc || !arg || !seen) {
+        free(acc), free(iacc), free(arg), free(seen);
+        return 1;
+    }
+    /* dense output strides over the input's axes: 0 on reduced axes */
+    int64_t ost[ACLNN_DOUBLE_MAX_DIMS], stride = 1;
+    for (int64_t ax = (int64_t)x->ndim - 1; ax >= 0; ax--) {
+        if (d->dims_mask >> ax & 1) {
+            ost[ax] = 0;
+        } else {
+            ost[ax] = stride;
+            stride *= x->dims[ax];
+        }
+    }
+    int argdim = 0;
+    while (op == ACLDOUBLE_OP_ARGMAX && !(d->dims_mask >> argdim & 1)) argdim++;
+    int64_t idx[ACLNN_DOUBLE_MAX_DIMS] = {0}, xo = 0, oi = 0;
+    for (uint64_t e = 0; e < nin; e++) {
+        const char *p = t->view[0] + xo * isz;
+        double v = fin ? ld_f(p, x->dtype) : (double)ld_i(p, x->dtype);
+        int64_t iv = fin ? 0 : ld_i(p, x->dtype);
+        switch (op) {
+        case ACLDOUBLE_OP_SUM:
+        case ACLDOUBLE_OP_MEAN:
+            acc[oi] += v;
+            iacc[oi] = (int64_t)((uint64_t)iacc[oi] + (uint64_t)iv);
+            break;
+        case ACLDOUBLE_OP_AMAX:
+        case ACLDOUBLE_OP_AMIN: {
+            int more = op == ACLDOUBLE_OP_AMAX;
+            if (!seen[oi]) {
+                acc[oi] = v;
+                iacc[oi] = iv;
+            } else if (fin) { /* NaN propagates */
+                if (!isnan(acc[oi]) && (isnan(v) || (more ? v > acc[oi] : v < acc[oi]))) acc[oi] = v;
+            } else if (more ? iv > iacc[oi] : iv < iacc[oi]) {
+                iacc[oi] = iv;
+            }
+            seen[oi] = 1;
+            break;
+        }
+        default: /* argmax: the first maximum, or the first NaN */
+            if (!seen[oi] || (!isnan(acc[oi]) && (isnan(v) || (fin ? v > acc[oi] : iv > iacc[oi])))) {
+                acc[oi] = v;
+                iacc[oi] = iv;
+                arg[oi] = idx[argdim];
+            }
+            seen[oi] = 1;
+            break;
+        }
+        for (int64_t ax = (int64_t)x->ndim - 1; ax >= 0; ax--) {
+            idx[ax]++;
+            xo += x->strides[ax];
+            oi += ost[ax];
+            if (idx[ax] < x->dims[ax]) break;
+            xo -= x->strides[ax] * idx[ax];
+            oi -= ost[ax] * idx[ax];
+            idx[ax] = 0;
+        }
+    }
+    /* store, in out's own layout (dense order = out's row-major order) */
+    double count = nout ? (double)nin / (double)nout : 0;
+    int64_t oidx[ACLNN_DOUBLE_MAX_DIMS] = {0}, oo = 0;
+    for (uint64_t k = 0; k < nout; k++) {
+        char *q = t->view[1] + oo * osz;
+        if (op == ACLDOUBLE_OP_ARGMAX) st_i(q, o->dtype, arg[k]);
+        else if (op == ACLDOUBLE_OP_MEAN) st_f(q, o->dtype, (fin ? acc[k] : (double)iacc[k]) / count);
+        else if (is_float(o->dtype)) st_f(q, o->dtype, fin ? acc[k] : (double)iacc[k]);
+        else st_i(q, o->dtype, fin ? (int64_t)acc[k] : iacc[k]);
+        for (int64_t ax = (int64_t)o->ndim - 1; ax >= 0; ax--) {
+            oidx[ax]++;
+            oo += o->strides[ax];
+            if (oidx[ax] < o->dims[ax]) break;
+            oo -= o->strides[ax] * oidx[ax];
+            oidx[ax] = 0;
+        }
+    }
+    free(acc), free(iacc), free(arg), free(seen);
+    return 0;
+}
+
 static int task_run(void *ctx) {
     task_t *t = ctx;
     const acldoubleOpDesc *d = &t->d;
@@ -1010,6 +1111,7 @@ static int task_run(void *ctx) {
     struct timespec began, ended;
     clock_gettime(CLOCK_MONOTONIC, &began);
     int rc = d->op == ACLDOUBLE_OP_MATMUL ? (numel(&d->t[2]) ? run_matmul(t) : 0)
+             : d->op >= ACLDOUBLE_OP_SUM     ? run_reduce(t)
              : d->op >= ACLDOUBLE_OP_SOFTMAX ? run_softmax(t)
                                               : run_elementwise(t);
     /* The timing model is the modelled device's speed: the kernel takes at least bytes / rate,

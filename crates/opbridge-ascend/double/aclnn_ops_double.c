@@ -149,6 +149,128 @@ UNARY(Log, ACLDOUBLE_OP_LOG, 1)
 UNARY(Sqrt, ACLDOUBLE_OP_SQRT, 1)
 UNARY(Tanh, ACLDOUBLE_OP_TANH, 1)
 
+/* A reduction's phase 1: dims (each in [-ndim, ndim), no repeats; empty = all) and keepdim give
+ * out's shape; `odt` is out's required dtype (-1: any integer, for argmax). */
+static aclnnStatus reduce(const char *f, const char *name, int op, const aclTensor *self, const int64_t *dims,
+                          uint64_t ndims, bool keepdim, int odt, aclTensor *out, uint64_t *ws, aclOpExecutor **ex) {
+    int rc = enter(f, ws, ex);
+    if (rc) return rc;
+    acldoubleOpDesc d;
+    memset(&d, 0, sizeof d);
+    d.op = op;
+    d.name = name;
+    d.ntensors = 2;
+    d.keepdim = keepdim;
+    if ((rc = get(f, "self", self, &d.t[0])) || (rc = get(f, "out", out, &d.t[1]))) return rc;
+    const acldoubleTensorDesc *x = &d.t[0], *o = &d.t[1];
+    int64_t nd = (int64_t)x->ndim;
+    int idt = x->dtype;
+    int ok_in = idt == ACL_FLOAT || idt == ACL_FLOAT16 || idt == ACL_DOUBLE || idt == ACL_BF16 || idt == ACL_INT32 ||
+                idt == ACL_INT64;
+    int ok_out = odt >= 0 ? o->dtype == odt : (o->dtype == ACL_INT32 || o->dtype == ACL_INT64);
+    if (!ok_in || !ok_out) {
+        acldoubleNnSetError(ACLNN_ERR_PARAM_INVALID, f, "self dtype %s (%d) / out dtype %s (%d) not supported here",
+                            dtname(idt), idt, dtname(o->dtype), o->dtype);
+        return ACLNN_ERR_PARAM_INVALID;
+    }
+    for (uint64_t i = 0; i < ndims; i++) {
+        int64_t a = dims[i] < 0 ? dims[i] + nd : dims[i];
+        if (a < 0 || a >= nd || (d.dims_mask >> a & 1)) {
+            acldoubleNnSetError(ACLNN_ERR_PARAM_INVALID, f, "dim %lld out of range or repeated for a %lld-d self",
+                                (long long)dims[i], (long long)nd);
+            return ACLNN_ERR_PARAM_INVALID;
+        }
+        d.dims_mask |= 1u << a;
+    }
+    if (ndims == 0) d.dims_mask = nd ? (uint32_t)((1ull << nd) - 1) : 0;
+    int64_t want[ACLNN_DOUBLE_MAX_DIMS];
+    uint64_t nw = 0;
+    int empty_reduced = 0;
+    for (int64_t a = 0; a < nd; a++) {
+        if (d.dims_mask >> a & 1) {
+            if (x->dims[a] == 0) empty_reduced = 1;
+            if (keepdim) want[nw++] = 1;
+        } else {
+            want[nw++] = x->dims[a];
+        }
+    }
+    int same = o->ndim == nw;
+    for (uint64_t i = 0; same && i < nw; i++) same = o->dims[i] == want[i];
+    if (!same) {
+        char a[128], b[128];
+        shape_str(x, a, sizeof a);
+        shape_str(o, b, sizeof b);
+        acldoubleNnSetError(ACLNN_ERR_PARAM_INVALID, f, "out shape %s is not the reduction of self %s", b, a);
+        return ACLNN_ERR_PARAM_INVALID;
+    }
+    if (empty_reduced && op != ACLDOUBLE_OP_SUM && op != ACLDOUBLE_OP_MEAN) {
+        acldoubleNnSetError(ACLNN_ERR_PARAM_INVALID, f, "reducing an empty dim has no %s", name);
+        return ACLNN_ERR_PARAM_INVALID;
+    }
+    return finish(f, &d, ws, ex);
+}
+
+static int int_array(const char *f, const aclIntArray *a, const int64_t **v, uint64_t *n) {
+    int rc = acldoubleNnIntArrayValues(a, v, n);
+    if (rc) acldoubleNnSetError(rc, f, "dim is %s", rc == ACLNN_ERR_PARAM_NULLPTR ? "NULL" : "not a live aclIntArray");
+    return rc;
+}
+
+aclnnStatus aclnnReduceSumGetWorkspaceSize(const aclTensor *self, const aclIntArray *dims, bool keepDims,
+                                           aclDataType dtype, aclTensor *out, uint64_t *workspaceSize,
+                                           aclOpExecutor **executor) {
+    static const char *F = "aclnnReduceSumGetWorkspaceSize";
+    const int64_t *v;
+    uint64_t n;
+    int rc = int_array(F, dims, &v, &n);
+    return rc ? rc : reduce(F, "aclnnReduceSum", ACLDOUBLE_OP_SUM, self, v, n, keepDims, dtype, out, workspaceSize,
+                            executor);
+}
+aclnnStatus aclnnReduceSum(void *workspace, uint64_t workspaceSize, aclOpExecutor *executor, aclrtStream stream) {
+    return acldoubleNnRun("aclnnReduceSum", workspace, workspaceSize, executor, stream);
+}
+aclnnStatus aclnnMeanGetWorkspaceSize(const aclTensor *self, const aclIntArray *dim, bool keepDim, aclDataType dtype,
+                                      aclTensor *out, uint64_t *workspaceSize, aclOpExecutor **executor) {
+    static const char *F = "aclnnMeanGetWorkspaceSize";
+    const int64_t *v;
+    uint64_t n;
+    int rc = int_array(F, dim, &v, &n);
+    if (rc) return rc;
+    if (dtype != ACL_FLOAT && dtype != ACL_FLOAT16 && dtype != ACL_DOUBLE && dtype != ACL_BF16) {
+        acldoubleNnSetError(ACLNN_ERR_PARAM_INVALID, F, "dtype %s (%d): a mean is floating", dtname(dtype), dtype);
+        return ACLNN_ERR_PARAM_INVALID;
+    }
+    return reduce(F, "aclnnMean", ACLDOUBLE_OP_MEAN, self, v, n, keepDim, dtype, out, workspaceSize, executor);
+}
+aclnnStatus aclnnMean(void *workspace, uint64_t workspaceSize, aclOpExecutor *executor, aclrtStream stream) {
+    return acldoubleNnRun("aclnnMean", workspace, workspaceSize, executor, stream);
+}
+#define AMAXMIN(Name, OP)                                                                                         \
+    aclnnStatus aclnn##Name##GetWorkspaceSize(const aclTensor *self, const aclIntArray *dim, bool keepDim,         \
+                                              aclTensor *out, uint64_t *workspaceSize, aclOpExecutor **executor) { \
+        static const char *F = "aclnn" #Name "GetWorkspaceSize";                                                  \
+        const int64_t *v;                                                                                         \
+        uint64_t n;                                                                                               \
+        acldoubleTensorDesc x;                                                                                    \
+        int rc = int_array(F, dim, &v, &n);                                                                       \
+        if (rc || (rc = get(F, "self", self, &x))) return rc;                                                     \
+        return reduce(F, "aclnn" #Name, OP, self, v, n, keepDim, x.dtype, out, workspaceSize, executor);          \
+    }                                                                                                             \
+    aclnnStatus aclnn##Name(void *workspace, uint64_t workspaceSize, aclOpExecutor *executor, aclrtStream stream) { \
+        return acldoubleNnRun("aclnn" #Name, workspace, workspaceSize, executor, stream);                         \
+    }
+AMAXMIN(Amax, ACLDOUBLE_OP_AMAX)
+AMAXMIN(Amin, ACLDOUBLE_OP_AMIN)
+
+aclnnStatus aclnnArgMaxGetWorkspaceSize(const aclTensor *self, int64_t dim, bool keepdim, aclTensor *out,
+                                        uint64_t *workspaceSize, aclOpExecutor **executor) {
+    return reduce("aclnnArgMaxGetWorkspaceSize", "aclnnArgMax", ACLDOUBLE_OP_ARGMAX, self, &dim, 1, keepdim, -1, out,
+                  workspaceSize, executor);
+}
+aclnnStatus aclnnArgMax(void *workspace, uint64_t workspaceSize, aclOpExecutor *executor, aclrtStream stream) {
+    return acldoubleNnRun("aclnnArgMax", workspace, workspaceSize, executor, stream);
+}
+
 static int arith_dtype(int dt) {
     return dt == ACL_FLOAT || dt == ACL_FLOAT16 || dt == ACL_DOUBLE || dt == ACL_BF16 || dt == ACL_INT32 ||
            dt == ACL_INT64;

@@ -24,6 +24,7 @@ use crate::sys::{Acl, AclStatus, RawStream};
 /// Opaque aclnn objects.
 pub type AclTensor = c_void;
 pub type AclScalar = c_void;
+pub type AclIntArray = c_void;
 pub type Executor = c_void;
 
 /// `aclFormat`: plain row-major (strides say the rest).
@@ -77,6 +78,36 @@ pub type DimPhase1 = unsafe extern "C" fn(
     size: *mut u64,
     executor: *mut *mut Executor,
 ) -> AclStatus;
+/// `aclnnReduceSumGetWorkspaceSize` / `aclnnMeanGetWorkspaceSize`: `(self, dims, keepDims, dtype, out, ...)`.
+pub type ReduceDtypePhase1 = unsafe extern "C" fn(
+    a: *const AclTensor,
+    dims: *const AclIntArray,
+    keep_dims: bool,
+    dtype: c_int,
+    out: *mut AclTensor,
+    size: *mut u64,
+    executor: *mut *mut Executor,
+) -> AclStatus;
+/// `aclnnAmaxGetWorkspaceSize` / `aclnnAminGetWorkspaceSize`: `(self, dim, keepDim, out, ...)`.
+pub type ReducePhase1 = unsafe extern "C" fn(
+    a: *const AclTensor,
+    dims: *const AclIntArray,
+    keep_dims: bool,
+    out: *mut AclTensor,
+    size: *mut u64,
+    executor: *mut *mut Executor,
+) -> AclStatus;
+/// `aclnnArgMaxGetWorkspaceSize`: `(self, dim, keepdim, out, ...)`.
+pub type ArgMaxPhase1 = unsafe extern "C" fn(
+    a: *const AclTensor,
+    dim: i64,
+    keep_dims: bool,
+    out: *mut AclTensor,
+    size: *mut u64,
+    executor: *mut *mut Executor,
+) -> AclStatus;
+type CreateIntArray = unsafe extern "C" fn(values: *const i64, size: u64) -> *mut AclIntArray;
+type DestroyIntArray = unsafe extern "C" fn(array: *const AclIntArray) -> AclStatus;
 pub type CastPhase1 = unsafe extern "C" fn(
     a: *const AclTensor,
     dtype: c_int,
@@ -154,6 +185,13 @@ pub struct Aclnn {
     pub cast: Option<TwoPhase<CastPhase1>>,
     pub copy: Option<TwoPhase<CopyPhase1>>,
     pub matmul: Option<TwoPhase<MatmulPhase1>>,
+    pub reduce_sum: Option<TwoPhase<ReduceDtypePhase1>>,
+    pub mean: Option<TwoPhase<ReduceDtypePhase1>>,
+    pub amax: Option<TwoPhase<ReducePhase1>>,
+    pub amin: Option<TwoPhase<ReducePhase1>>,
+    pub argmax: Option<TwoPhase<ArgMaxPhase1>>,
+    create_int_array: Option<CreateIntArray>,
+    destroy_int_array: Option<DestroyIntArray>,
     pub softmax: Option<TwoPhase<DimPhase1>>,
     pub log_softmax: Option<TwoPhase<DimPhase1>>,
     /// The unary operators by opbridge name (`neg` → `aclnnNeg`, ...), those present.
@@ -273,6 +311,15 @@ impl Aclnn {
             cast: two_phase!("aclnnCast", CastPhase1),
             copy: two_phase!("aclnnInplaceCopy", CopyPhase1),
             matmul: two_phase!("aclnnMatmul", MatmulPhase1),
+            reduce_sum: two_phase!("aclnnReduceSum", ReduceDtypePhase1),
+            mean: two_phase!("aclnnMean", ReduceDtypePhase1),
+            amax: two_phase!("aclnnAmax", ReducePhase1),
+            amin: two_phase!("aclnnAmin", ReducePhase1),
+            argmax: two_phase!("aclnnArgMax", ArgMaxPhase1),
+            // SAFETY: the prototypes of `aclnn/acl_meta.h`.
+            create_int_array: unsafe { symbol::<CreateIntArray>(&libraries, "aclCreateIntArray") },
+            // SAFETY: the prototype of `aclnn/acl_meta.h`.
+            destroy_int_array: unsafe { symbol::<DestroyIntArray>(&libraries, "aclDestroyIntArray") },
             softmax: two_phase!("aclnnSoftmax", DimPhase1),
             log_softmax: two_phase!("aclnnLogSoftmax", DimPhase1),
             unary: [
@@ -561,6 +608,38 @@ impl Drop for Descriptor<'_> {
     fn drop(&mut self) {
         // SAFETY: made by aclCreateTensor and destroyed once.
         unsafe { (self.aclnn.destroy_tensor)(self.raw) };
+    }
+}
+
+impl Aclnn {
+    /// An `aclIntArray` of `values` (a reduction's dims), destroyed on drop; `None` when this
+    /// installation lacks `aclCreateIntArray` or it fails.
+    pub fn int_array(&self, values: &[i64]) -> Option<IntArray<'_>> {
+        let (create, destroy) = (self.create_int_array?, self.destroy_int_array?);
+        // SAFETY: `values` is a live slice of `len` i64s, copied by aclCreateIntArray.
+        let raw = unsafe { create(values.as_ptr(), values.len() as u64) };
+        (!raw.is_null()).then_some(IntArray { destroy, raw, _aclnn: std::marker::PhantomData })
+    }
+}
+
+/// An `aclIntArray`, destroyed on drop.
+#[derive(Debug)]
+pub struct IntArray<'a> {
+    destroy: DestroyIntArray,
+    raw: *mut AclIntArray,
+    _aclnn: std::marker::PhantomData<&'a Aclnn>,
+}
+
+impl IntArray<'_> {
+    pub fn raw(&self) -> *const AclIntArray {
+        self.raw
+    }
+}
+
+impl Drop for IntArray<'_> {
+    fn drop(&mut self) {
+        // SAFETY: made by aclCreateIntArray and destroyed once.
+        unsafe { (self.destroy)(self.raw) };
     }
 }
 

@@ -10,6 +10,9 @@
 //! | `contiguous` | `aclnnInplaceCopy` (a strided source into a contiguous output) |
 //! | `transpose` | `aclnnInplaceCopy` from the input's permuted view (no transpose kernel needed) |
 //! | `softmax`, `log_softmax` | `aclnnSoftmax`, `aclnnLogSoftmax` (`dim` = `axis`) |
+//! | `sum`, `mean` | `aclnnReduceSum`, `aclnnMean` (`dims` = `axis` or all, `dtype` = the result's) |
+//! | `max`, `min` | `aclnnAmax`, `aclnnAmin` |
+//! | `argmax` | `aclnnArgMax` (`axis` None: over the flat view of a contiguous input) |
 //! | `matmul` | `aclnnMatmul` (`cubeMathType` = KEEP_DTYPE: no silent precision loss) |
 //! | `neg`, `abs`, `exp`, `log`, `sqrt` | `aclnnNeg`, `aclnnAbs`, `aclnnExp`, `aclnnLog`, `aclnnSqrt` |
 //! | `relu`, `sigmoid`, `tanh`, `silu` | `aclnnRelu`, `aclnnSigmoid`, `aclnnTanh`, `aclnnSilu` |
@@ -40,6 +43,11 @@ enum Kernel {
     Transpose,
     Softmax,
     LogSoftmax,
+    Sum,
+    Mean,
+    Max,
+    Min,
+    ArgMax,
     Matmul,
     /// A unary operator, by opbridge name (its aclnn operator in [`Aclnn::unary`]).
     Unary(&'static str),
@@ -49,7 +57,7 @@ enum Kernel {
 const UNARY: [&str; 9] = ["neg", "abs", "exp", "log", "sqrt", "relu", "sigmoid", "tanh", "silu"];
 
 /// Our operator names and their kernels.
-const KERNELS: [(&str, Kernel); 14] = [
+const KERNELS: [(&str, Kernel); 19] = [
     ("add", Kernel::Add),
     ("vector_add", Kernel::Add),
     ("sub", Kernel::Sub),
@@ -63,12 +71,17 @@ const KERNELS: [(&str, Kernel); 14] = [
     ("transpose", Kernel::Transpose),
     ("softmax", Kernel::Softmax),
     ("log_softmax", Kernel::LogSoftmax),
+    ("sum", Kernel::Sum),
+    ("mean", Kernel::Mean),
+    ("max", Kernel::Max),
+    ("min", Kernel::Min),
+    ("argmax", Kernel::ArgMax),
     ("matmul", Kernel::Matmul),
 ];
 
 /// Registers every Ascend kernel with the operator library.
 pub fn register() {
-    static ALL: [Kernel; 13] = [
+    static ALL: [Kernel; 18] = [
         Kernel::Add,
         Kernel::Sub,
         Kernel::Mul,
@@ -81,6 +94,11 @@ pub fn register() {
         Kernel::Transpose,
         Kernel::Softmax,
         Kernel::LogSoftmax,
+        Kernel::Sum,
+        Kernel::Mean,
+        Kernel::Max,
+        Kernel::Min,
+        Kernel::ArgMax,
         Kernel::Matmul,
     ];
     for (name, kernel) in KERNELS {
@@ -143,8 +161,7 @@ impl DeviceKernel for Kernel {
              alpha: Option<opbridge_runtime::DType>,
              extra: i64,
              phase1: &mut dyn FnMut(&[*mut AclTensor], *mut AclScalar, WorkspaceOut) -> AclStatus| {
-                let op =
-                    OpCall { name, phase2, tensors, alpha, extra, repeatable: !matches!(self, Kernel::Contiguous) };
+                let op = OpCall { name, phase2, tensors, alpha, extra, repeatable: !self.one_shot() };
                 aclnn.launch(&runtime, device, &op, stream, phase1, workspace)
             };
         match self {
@@ -226,6 +243,80 @@ impl DeviceKernel for Kernel {
                     (op.phase1)(t[0], dim, t[1], size, exec)
                 })
             }
+            Kernel::Sum | Kernel::Mean | Kernel::Max | Kernel::Min => {
+                let x = input(call, 0)?;
+                let dims: Vec<i64> = match call.attrs.get("axis") {
+                    Some(opbridge_ops::AttrValue::Int(axis)) => vec![*axis],
+                    _ => (0..x.shape().len() as i64).collect(),
+                };
+                let keep = matches!(call.attrs.get("keepdims"), Some(opbridge_ops::AttrValue::Bool(true)));
+                let dims = aclnn.int_array(&dims).ok_or_else(|| missing("aclCreateIntArray"))?;
+                let tensors = [x, out];
+                match self {
+                    Kernel::Sum | Kernel::Mean => {
+                        let (op, name) = match self {
+                            Kernel::Sum => (aclnn.reduce_sum, "aclnnReduceSum"),
+                            _ => (aclnn.mean, "aclnnMean"),
+                        };
+                        let op = op.ok_or_else(|| missing(name))?;
+                        let dtype = acl_dtype(out.dtype());
+                        // SAFETY: live descriptors, int array and out-pointers, the prototypes of
+                        // aclnn_reduce_sum.h / aclnn_mean.h.
+                        launch((op.name, op.phase2), &tensors, None, 0, &mut |t, _, (size, exec)| unsafe {
+                            (op.phase1)(t[0], dims.raw(), keep, dtype, t[1], size, exec)
+                        })
+                    }
+                    _ => {
+                        let (op, name) = match self {
+                            Kernel::Max => (aclnn.amax, "aclnnAmax"),
+                            _ => (aclnn.amin, "aclnnAmin"),
+                        };
+                        let op = op.ok_or_else(|| missing(name))?;
+                        // SAFETY: as above, the prototypes of aclnn_amax.h / aclnn_amin.h.
+                        launch((op.name, op.phase2), &tensors, None, 0, &mut |t, _, (size, exec)| unsafe {
+                            (op.phase1)(t[0], dims.raw(), keep, t[1], size, exec)
+                        })
+                    }
+                }
+            }
+            Kernel::ArgMax => {
+                let op = aclnn.argmax.ok_or_else(|| missing("aclnnArgMax"))?;
+                let x = input(call, 0)?;
+                let (flat, dim);
+                let source = match call.attrs.get("axis") {
+                    Some(opbridge_ops::AttrValue::Int(axis)) => {
+                        dim = *axis;
+                        x
+                    }
+                    // numpy's flat index: the input seen as one dimension.
+                    _ => {
+                        if !x.is_contiguous() {
+                            return Err(Error::Device {
+                                device,
+                                message: format!(
+                                    "{}: over all axes on ascend needs a contiguous input (call contiguous first)",
+                                    call.op
+                                ),
+                            });
+                        }
+                        flat = Tensor::from_storage(
+                            std::sync::Arc::clone(x.storage()),
+                            x.device(),
+                            x.dtype(),
+                            vec![x.numel()],
+                            None,
+                            x.byte_offset(),
+                        )?;
+                        dim = 0;
+                        &flat
+                    }
+                };
+                let tensors = [source, out];
+                // SAFETY: live descriptors and out-pointers, the prototype of aclnn_argmax.h.
+                launch((op.name, op.phase2), &tensors, None, 0, &mut |t, _, (size, exec)| unsafe {
+                    (op.phase1)(t[0], dim, false, t[1], size, exec)
+                })
+            }
             Kernel::Matmul => {
                 let op = aclnn.matmul.ok_or_else(|| missing("aclnnMatmul"))?;
                 let tensors = [input(call, 0)?, input(call, 1)?, out];
@@ -236,6 +327,14 @@ impl DeviceKernel for Kernel {
                 })
             }
         }
+    }
+}
+
+impl Kernel {
+    /// Calls whose executor is not kept for reuse: a copy from a view, and reductions, whose
+    /// dims array is only guaranteed to the call that passes it.
+    fn one_shot(&self) -> bool {
+        matches!(self, Kernel::Contiguous | Kernel::Sum | Kernel::Mean | Kernel::Max | Kernel::Min | Kernel::ArgMax)
     }
 }
 
