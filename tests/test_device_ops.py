@@ -131,3 +131,17 @@ def test_reductions_of_nan_and_empty(device: str) -> None:
         ob.synchronize(device)
     except ob.OpBridgeError:
         pass
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("params", ["none", "weight", "both"])
+def test_layer_norm_matches_the_host(device: str, params: str, dtype: str, rng) -> None:
+    x = (rng.standard_normal((3, 4, 16)) * 5 + 2).astype(dtype)
+    w = rng.standard_normal(16).astype(dtype) if params != "none" else None
+    b = rng.standard_normal(16).astype(dtype) if params == "both" else None
+    args = [ob.asarray(v, device=device) if v is not None else None for v in (x, w, b)]
+    got = ob.ops.layer_norm(*args, eps=1e-3).numpy()
+    want = ob.ops.layer_norm(x, w, b, eps=1e-3)
+    tol = {"float16": 4e-3, "float32": 2e-5, "float64": 1e-12}[dtype]
+    assert got.dtype == np.dtype(dtype)
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)

@@ -120,6 +120,11 @@ ACLNN_PHASE2(aclnnAmin);
 ACLNN_API aclnnStatus aclnnArgMaxGetWorkspaceSize(const aclTensor *self, int64_t dim, bool keepdim, aclTensor *out,
                                                   ACLNN_PHASE1_OUT);
 ACLNN_PHASE2(aclnnArgMax);
+ACLNN_API aclnnStatus aclnnLayerNormGetWorkspaceSize(const aclTensor *input, const aclIntArray *normalizedShape,
+                                                     const aclTensor *weightOptional, const aclTensor *biasOptional,
+                                                     double eps, aclTensor *out, aclTensor *meanOutOptional,
+                                                     aclTensor *rstdOutOptional, ACLNN_PHASE1_OUT);
+ACLNN_PHASE2(aclnnLayerNorm);
 /* unary: aclnnXxxGetWorkspaceSize(const aclTensor *self, aclTensor *out, ...) */
 #define ACLNN_UNARY(Name)                                                                                        \
     ACLNN_API aclnnStatus aclnn##Name##GetWorkspaceSize(const aclTensor *self, aclTensor *out, ACLNN_PHASE1_OUT); \
@@ -165,17 +170,20 @@ enum { ACLDOUBLE_OP_ADD = 1, ACLDOUBLE_OP_SUB, ACLDOUBLE_OP_MUL, ACLDOUBLE_OP_DI
        /* along one dim (alpha_i): (self, dim, out) */
        ACLDOUBLE_OP_SOFTMAX, ACLDOUBLE_OP_LOG_SOFTMAX,
        /* reductions over dims_mask (keepdim): (self, out) */
-       ACLDOUBLE_OP_SUM, ACLDOUBLE_OP_MEAN, ACLDOUBLE_OP_AMAX, ACLDOUBLE_OP_AMIN, ACLDOUBLE_OP_ARGMAX };
+       ACLDOUBLE_OP_SUM, ACLDOUBLE_OP_MEAN, ACLDOUBLE_OP_AMAX, ACLDOUBLE_OP_AMIN, ACLDOUBLE_OP_ARGMAX,
+       /* (input, weight?, bias?, out) over the trailing alpha_i dims, eps in alpha_f */
+       ACLDOUBLE_OP_LAYER_NORM };
 
 typedef struct {
     int op;
     const char *name; /* phase-2 name, e.g. "aclnnAdd" (static storage) */
     int ntensors;     /* inputs first, output last */
-    acldoubleTensorDesc t[3];
+    acldoubleTensorDesc t[4];
     double alpha_f;
     int64_t alpha_i;
     uint64_t workspace_size;
-    uint32_t dims_mask; /* reductions: the reduced dims of t[0] */
+    uint32_t dims_mask;   /* reductions: the reduced dims of t[0] */
+    uint32_t absent_mask; /* optional tensors not given (no descriptor, no memory) */
     int keepdim;
 } acldoubleOpDesc;
 

@@ -664,7 +664,7 @@ static void convert(char *dst, int ddt, const char *src, int sdt) {
 /* ------------------------------------------------------------------ kernels */
 typedef struct {
     acldoubleOpDesc d;
-    char *view[3]; /* worker view of each tensor's first element (offset applied) */
+    char *view[4]; /* worker view of each tensor's first element (offset applied) */
     char *ws;
     int inject_fail;
 } task_t;
@@ -1076,6 +1076,45 @@ static int run_reduce(task_t *t) {
     return 0;
 }
 
+/* The element offset of flat (row-major) index `e` in `t`'s view. */
+static int64_t offset_of(const acldoubleTensorDesc *t, uint64_t e) {
+    int64_t off = 0;
+    for (int64_t ax = (int64_t)t->ndim - 1; ax >= 0; ax--) {
+        off += (int64_t)(e % (uint64_t)t->dims[ax]) * t->strides[ax];
+        e /= (uint64_t)t->dims[ax];
+    }
+    return off;
+}
+
+/* layer norm over the trailing alpha_i dims: (x - mean) / sqrt(var + eps) * weight + bias, in double */
+static int run_layer_norm(task_t *t) {
+    const acldoubleOpDesc *d = &t->d;
+    const acldoubleTensorDesc *x = &d->t[0], *w = &d->t[1], *b = &d->t[2], *o = &d->t[3];
+    uint64_t n = numel(x), inner = 1;
+    for (int64_t k = 0; k < d->alpha_i; k++) inner *= (uint64_t)x->dims[x->ndim - 1 - (uint64_t)k];
+    if (n == 0 || inner == 0) return 0;
+    int xs = acldoubleNnDtypeSize(x->dtype), os = acldoubleNnDtypeSize(o->dtype);
+    int ws = acldoubleNnDtypeSize(w->dtype), bs = acldoubleNnDtypeSize(b->dtype);
+    int has_w = !(d->absent_mask >> 1 & 1), has_b = !(d->absent_mask >> 2 & 1);
+    for (uint64_t r = 0; r < n / inner; r++) {
+        double mean = 0, var = 0;
+        for (uint64_t j = 0; j < inner; j++) mean += ld_f(t->view[0] + offset_of(x, r * inner + j) * xs, x->dtype);
+        mean /= (double)inner;
+        for (uint64_t j = 0; j < inner; j++) {
+            double v = ld_f(t->view[0] + offset_of(x, r * inner + j) * xs, x->dtype) - mean;
+            var += v * v;
+        }
+        double rstd = 1.0 / sqrt(var / (double)inner + d->alpha_f);
+        for (uint64_t j = 0; j < inner; j++) {
+            double v = (ld_f(t->view[0] + offset_of(x, r * inner + j) * xs, x->dtype) - mean) * rstd;
+            if (has_w) v *= ld_f(t->view[1] + offset_of(w, j) * ws, w->dtype);
+            if (has_b) v += ld_f(t->view[2] + offset_of(b, j) * bs, b->dtype);
+            st_f(t->view[3] + offset_of(o, r * inner + j) * os, o->dtype, v);
+        }
+    }
+    return 0;
+}
+
 static int task_run(void *ctx) {
     task_t *t = ctx;
     const acldoubleOpDesc *d = &t->d;
@@ -1083,10 +1122,14 @@ static int task_run(void *ctx) {
         fprintf(stderr, "acldouble aclnn: %s kernel failed (injected by ACLDOUBLE_FAIL)\n", d->name);
         return 1;
     }
-    static const char *role[3] = {"input 0", "input 1", "output"};
+    static const char *role[4] = {"input 0", "input 1", "input 2", "output"};
     uint64_t bytes = 0;
     for (int k = 0; k < d->ntensors; k++) {
         const acldoubleTensorDesc *td = &d->t[k];
+        if (d->absent_mask >> k & 1) {
+            t->view[k] = NULL;
+            continue;
+        }
         int isz = acldoubleNnDtypeSize(td->dtype), empty;
         int64_t span = view_span(td, isz, &empty);
         if (empty) { t->view[k] = NULL; continue; }
@@ -1096,7 +1139,7 @@ static int task_run(void *ctx) {
             fprintf(stderr,
                     "acldouble aclnn: %s kernel: %s range [%p, +%lld bytes) is not inside a live device allocation "
                     "(use after free or out-of-bounds descriptor)\n",
-                    d->name, k == d->ntensors - 1 ? role[2] : role[k], (void *)first, (long long)span);
+                    d->name, k == d->ntensors - 1 ? role[3] : role[k], (void *)first, (long long)span);
             return 1;
         }
         bytes += numel(td) * (uint64_t)isz;
@@ -1111,6 +1154,7 @@ static int task_run(void *ctx) {
     struct timespec began, ended;
     clock_gettime(CLOCK_MONOTONIC, &began);
     int rc = d->op == ACLDOUBLE_OP_MATMUL ? (numel(&d->t[2]) ? run_matmul(t) : 0)
+             : d->op == ACLDOUBLE_OP_LAYER_NORM ? run_layer_norm(t)
              : d->op >= ACLDOUBLE_OP_SUM     ? run_reduce(t)
              : d->op >= ACLDOUBLE_OP_SOFTMAX ? run_softmax(t)
                                               : run_elementwise(t);

@@ -453,6 +453,64 @@ UNARY(Relu, ACLDOUBLE_OP_RELU, 0)
 UNARY(Sigmoid, ACLDOUBLE_OP_SIGMOID, 1)
 UNARY(Silu, ACLDOUBLE_OP_SILU, 1)
 
+aclnnStatus aclnnLayerNormGetWorkspaceSize(const aclTensor *input, const aclIntArray *normalizedShape,
+                                           const aclTensor *weightOptional, const aclTensor *biasOptional, double eps,
+                                           aclTensor *out, aclTensor *meanOutOptional, aclTensor *rstdOutOptional,
+                                           uint64_t *workspaceSize, aclOpExecutor **executor) {
+    static const char *F = "aclnnLayerNormGetWorkspaceSize";
+    int rc = enter(F, workspaceSize, executor);
+    if (rc) return rc;
+    if (meanOutOptional || rstdOutOptional) {
+        acldoubleNnSetError(ACLNN_ERR_PARAM_INVALID, F, "meanOut / rstdOut are not supported by the double");
+        return ACLNN_ERR_PARAM_INVALID;
+    }
+    acldoubleOpDesc d;
+    memset(&d, 0, sizeof d);
+    d.op = ACLDOUBLE_OP_LAYER_NORM;
+    d.name = "aclnnLayerNorm";
+    d.ntensors = 4;
+    d.alpha_f = eps;
+    if ((rc = get(F, "input", input, &d.t[0])) || (rc = get(F, "out", out, &d.t[3]))) return rc;
+    if (!weightOptional) d.absent_mask |= 1u << 1;
+    else if ((rc = get(F, "weightOptional", weightOptional, &d.t[1]))) return rc;
+    if (!biasOptional) d.absent_mask |= 1u << 2;
+    else if ((rc = get(F, "biasOptional", biasOptional, &d.t[2]))) return rc;
+    const int64_t *shape;
+    uint64_t k;
+    if ((rc = acldoubleNnIntArrayValues(normalizedShape, &shape, &k))) {
+        acldoubleNnSetError(rc, F, "normalizedShape is not a live aclIntArray");
+        return rc;
+    }
+    const acldoubleTensorDesc *x = &d.t[0];
+    int dt = x->dtype;
+    int ok = (dt == ACL_FLOAT || dt == ACL_FLOAT16 || dt == ACL_DOUBLE || dt == ACL_BF16) && d.t[3].dtype == dt;
+    ok = ok && k >= 1 && k <= x->ndim && d.t[3].ndim == x->ndim;
+    for (uint64_t i = 0; ok && i < x->ndim; i++) ok = d.t[3].dims[i] == x->dims[i];
+    for (uint64_t i = 0; ok && i < k; i++) ok = shape[i] == x->dims[x->ndim - k + i];
+    for (int p = 1; ok && p <= 2; p++) {
+        if (d.absent_mask >> p & 1) continue;
+        const acldoubleTensorDesc *q = &d.t[p];
+        ok = q->dtype == dt && q->ndim == k;
+        for (uint64_t i = 0; ok && i < k; i++) ok = q->dims[i] == shape[i];
+    }
+    if (!ok) {
+        char a[128], b[128];
+        shape_str(x, a, sizeof a);
+        shape_str(&d.t[3], b, sizeof b);
+        acldoubleNnSetError(ACLNN_ERR_PARAM_INVALID, F,
+                            "input %s (%s), out %s (%s), weight / bias and normalizedShape (%llu dims) do not agree "
+                            "(floating, one dtype, the trailing dims)",
+                            a, dtname(dt), b, dtname(d.t[3].dtype), (unsigned long long)k);
+        return ACLNN_ERR_PARAM_INVALID;
+    }
+    d.alpha_i = (int64_t)k;
+    return finish(F, &d, workspaceSize, executor);
+}
+
+aclnnStatus aclnnLayerNorm(void *workspace, uint64_t workspaceSize, aclOpExecutor *executor, aclrtStream stream) {
+    return acldoubleNnRun("aclnnLayerNorm", workspace, workspaceSize, executor, stream);
+}
+
 aclnnStatus aclnnMatmulGetWorkspaceSize(const aclTensor *self, const aclTensor *mat2, aclTensor *out,
                                         int8_t cubeMathType, uint64_t *workspaceSize, aclOpExecutor **executor) {
     static const char *F = "aclnnMatmulGetWorkspaceSize";

@@ -88,6 +88,20 @@ pub type ReduceDtypePhase1 = unsafe extern "C" fn(
     size: *mut u64,
     executor: *mut *mut Executor,
 ) -> AclStatus;
+/// `aclnnLayerNormGetWorkspaceSize`: `(input, normalizedShape, weight?, bias?, eps, out, meanOut?,
+/// rstdOut?, ...)`.
+pub type LayerNormPhase1 = unsafe extern "C" fn(
+    input: *const AclTensor,
+    normalized_shape: *const AclIntArray,
+    weight: *const AclTensor,
+    bias: *const AclTensor,
+    eps: f64,
+    out: *mut AclTensor,
+    mean_out: *mut AclTensor,
+    rstd_out: *mut AclTensor,
+    size: *mut u64,
+    executor: *mut *mut Executor,
+) -> AclStatus;
 /// `aclnnAmaxGetWorkspaceSize` / `aclnnAminGetWorkspaceSize`: `(self, dim, keepDim, out, ...)`.
 pub type ReducePhase1 = unsafe extern "C" fn(
     a: *const AclTensor,
@@ -190,6 +204,7 @@ pub struct Aclnn {
     pub amax: Option<TwoPhase<ReducePhase1>>,
     pub amin: Option<TwoPhase<ReducePhase1>>,
     pub argmax: Option<TwoPhase<ArgMaxPhase1>>,
+    pub layer_norm: Option<TwoPhase<LayerNormPhase1>>,
     create_int_array: Option<CreateIntArray>,
     destroy_int_array: Option<DestroyIntArray>,
     pub softmax: Option<TwoPhase<DimPhase1>>,
@@ -316,6 +331,7 @@ impl Aclnn {
             amax: two_phase!("aclnnAmax", ReducePhase1),
             amin: two_phase!("aclnnAmin", ReducePhase1),
             argmax: two_phase!("aclnnArgMax", ArgMaxPhase1),
+            layer_norm: two_phase!("aclnnLayerNorm", LayerNormPhase1),
             // SAFETY: the prototypes of `aclnn/acl_meta.h`.
             create_int_array: unsafe { symbol::<CreateIntArray>(&libraries, "aclCreateIntArray") },
             // SAFETY: the prototype of `aclnn/acl_meta.h`.

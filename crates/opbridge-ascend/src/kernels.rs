@@ -13,6 +13,7 @@
 //! | `sum`, `mean` | `aclnnReduceSum`, `aclnnMean` (`dims` = `axis` or all, `dtype` = the result's) |
 //! | `max`, `min` | `aclnnAmax`, `aclnnAmin` |
 //! | `argmax` | `aclnnArgMax` (`axis` None: over the flat view of a contiguous input) |
+//! | `layer_norm` | `aclnnLayerNorm` (`normalizedShape` = the last axis; no mean / rstd outputs) |
 //! | `matmul` | `aclnnMatmul` (`cubeMathType` = KEEP_DTYPE: no silent precision loss) |
 //! | `neg`, `abs`, `exp`, `log`, `sqrt` | `aclnnNeg`, `aclnnAbs`, `aclnnExp`, `aclnnLog`, `aclnnSqrt` |
 //! | `relu`, `sigmoid`, `tanh`, `silu` | `aclnnRelu`, `aclnnSigmoid`, `aclnnTanh`, `aclnnSilu` |
@@ -48,6 +49,7 @@ enum Kernel {
     Max,
     Min,
     ArgMax,
+    LayerNorm,
     Matmul,
     /// A unary operator, by opbridge name (its aclnn operator in [`Aclnn::unary`]).
     Unary(&'static str),
@@ -57,7 +59,7 @@ enum Kernel {
 const UNARY: [&str; 9] = ["neg", "abs", "exp", "log", "sqrt", "relu", "sigmoid", "tanh", "silu"];
 
 /// Our operator names and their kernels.
-const KERNELS: [(&str, Kernel); 19] = [
+const KERNELS: [(&str, Kernel); 20] = [
     ("add", Kernel::Add),
     ("vector_add", Kernel::Add),
     ("sub", Kernel::Sub),
@@ -76,12 +78,13 @@ const KERNELS: [(&str, Kernel); 19] = [
     ("max", Kernel::Max),
     ("min", Kernel::Min),
     ("argmax", Kernel::ArgMax),
+    ("layer_norm", Kernel::LayerNorm),
     ("matmul", Kernel::Matmul),
 ];
 
 /// Registers every Ascend kernel with the operator library.
 pub fn register() {
-    static ALL: [Kernel; 18] = [
+    static ALL: [Kernel; 19] = [
         Kernel::Add,
         Kernel::Sub,
         Kernel::Mul,
@@ -99,6 +102,7 @@ pub fn register() {
         Kernel::Max,
         Kernel::Min,
         Kernel::ArgMax,
+        Kernel::LayerNorm,
         Kernel::Matmul,
     ];
     for (name, kernel) in KERNELS {
@@ -317,6 +321,50 @@ impl DeviceKernel for Kernel {
                     (op.phase1)(t[0], dim, false, t[1], size, exec)
                 })
             }
+            Kernel::LayerNorm => {
+                let op = aclnn.layer_norm.ok_or_else(|| missing("aclnnLayerNorm"))?;
+                let x = input(call, 0)?;
+                let last = x.shape().last().copied().unwrap_or(1) as i64;
+                let normalized = aclnn.int_array(&[last]).ok_or_else(|| missing("aclCreateIntArray"))?;
+                let eps = match call.attrs.get("eps") {
+                    Some(opbridge_ops::AttrValue::Float(eps)) => *eps,
+                    _ => 1e-5,
+                };
+                let (weight, bias) = (call.inputs.get(1).copied().flatten(), call.inputs.get(2).copied().flatten());
+                // Descriptors for what is given: x, weight?, bias?, out.
+                let mut tensors: Vec<&Tensor> = vec![x];
+                tensors.extend(weight);
+                tensors.extend(bias);
+                tensors.push(out);
+                let (has_weight, has_bias) = (weight.is_some(), bias.is_some());
+                // SAFETY: live descriptors, int array and out-pointers, the prototype of
+                // aclnn_layer_norm.h; absent optional tensors and outputs are null.
+                launch((op.name, op.phase2), &tensors, None, 0, &mut |t, _, (size, exec)| unsafe {
+                    let mut next = 1;
+                    let mut optional = |given: bool| {
+                        if given {
+                            next += 1;
+                            t[next - 1]
+                        } else {
+                            std::ptr::null_mut()
+                        }
+                    };
+                    let (w, b) = (optional(has_weight), optional(has_bias));
+                    let o = t[t.len() - 1];
+                    (op.phase1)(
+                        t[0],
+                        normalized.raw(),
+                        w,
+                        b,
+                        eps,
+                        o,
+                        std::ptr::null_mut(),
+                        std::ptr::null_mut(),
+                        size,
+                        exec,
+                    )
+                })
+            }
             Kernel::Matmul => {
                 let op = aclnn.matmul.ok_or_else(|| missing("aclnnMatmul"))?;
                 let tensors = [input(call, 0)?, input(call, 1)?, out];
@@ -331,10 +379,20 @@ impl DeviceKernel for Kernel {
 }
 
 impl Kernel {
-    /// Calls whose executor is not kept for reuse: a copy from a view, and reductions, whose
-    /// dims array is only guaranteed to the call that passes it.
+    /// Calls whose executor is not kept for reuse: a copy from a view; reductions and layer
+    /// norm, whose int array is only guaranteed to the call that passes it (and whose optional
+    /// tensors would shift the address setters' indices).
     fn one_shot(&self) -> bool {
-        matches!(self, Kernel::Contiguous | Kernel::Sum | Kernel::Mean | Kernel::Max | Kernel::Min | Kernel::ArgMax)
+        matches!(
+            self,
+            Kernel::Contiguous
+                | Kernel::Sum
+                | Kernel::Mean
+                | Kernel::Max
+                | Kernel::Min
+                | Kernel::ArgMax
+                | Kernel::LayerNorm
+        )
     }
 }
 
