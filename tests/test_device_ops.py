@@ -145,3 +145,34 @@ def test_layer_norm_matches_the_host(device: str, params: str, dtype: str, rng) 
     tol = {"float16": 4e-3, "float32": 2e-5, "float64": 1e-12}[dtype]
     assert got.dtype == np.dtype(dtype)
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_matches_the_host(device: str, approximate: str, dtype: str, rng) -> None:
+    x = (rng.standard_normal((6, 50)) * 3).astype(dtype)
+    got = ob.ops.gelu(ob.asarray(x, device=device), approximate=approximate).numpy()
+    want = ob.ops.gelu(x, approximate=approximate)
+    tol = {"float16": 4e-3, "float32": 1e-5}[dtype]
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+
+
+def test_gelu_in_float64_names_what_the_device_takes(device: str) -> None:
+    x = np.linspace(-3, 3, 11)
+    t = ob.asarray(x, device=device)
+    if device.startswith("ascend"):
+        with pytest.raises(ob.DeviceError, match="aclnnGeluV2"):
+            ob.ops.gelu(t).numpy()  # CANN's GeluV2 has no DOUBLE kernel
+    else:
+        np.testing.assert_allclose(ob.ops.gelu(t).numpy(), ob.ops.gelu(x))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("alpha", [1.0, -2.5, 0.1])
+def test_axpy_matches_the_host(device: str, alpha: float, dtype: str, rng) -> None:
+    x, y = (rng.standard_normal((4, 33)) * 10).astype(dtype), (rng.standard_normal((1, 33)) * 10).astype(dtype)
+    got = ob.ops.axpy(ob.asarray(x, device=device), ob.asarray(y, device=device), alpha=alpha).numpy()
+    want = ob.ops.axpy(x, y, alpha=alpha)  # broadcasting y
+    tol = {"float16": 4e-3, "float32": 1e-6, "float64": 1e-14}[dtype]
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol * 10)

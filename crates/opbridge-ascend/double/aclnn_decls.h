@@ -146,6 +146,9 @@ ACLNN_PHASE2(aclnnSoftmax);
 ACLNN_API aclnnStatus aclnnLogSoftmaxGetWorkspaceSize(const aclTensor *self, int64_t dim, aclTensor *out,
                                                       ACLNN_PHASE1_OUT);
 ACLNN_PHASE2(aclnnLogSoftmax);
+ACLNN_API aclnnStatus aclnnGeluV2GetWorkspaceSize(const aclTensor *x, int64_t approximate, aclTensor *y,
+                                                  ACLNN_PHASE1_OUT);
+ACLNN_PHASE2(aclnnGeluV2);
 ACLNN_UNARY(Relu);
 ACLNN_UNARY(Sigmoid);
 ACLNN_UNARY(Silu);
@@ -172,7 +175,9 @@ enum { ACLDOUBLE_OP_ADD = 1, ACLDOUBLE_OP_SUB, ACLDOUBLE_OP_MUL, ACLDOUBLE_OP_DI
        /* reductions over dims_mask (keepdim): (self, out) */
        ACLDOUBLE_OP_SUM, ACLDOUBLE_OP_MEAN, ACLDOUBLE_OP_AMAX, ACLDOUBLE_OP_AMIN, ACLDOUBLE_OP_ARGMAX,
        /* (input, weight?, bias?, out) over the trailing alpha_i dims, eps in alpha_f */
-       ACLDOUBLE_OP_LAYER_NORM };
+       ACLDOUBLE_OP_LAYER_NORM,
+       /* unary with approximate (alpha_i: 0 erf, 1 tanh): (self, out) */
+       ACLDOUBLE_OP_GELU };
 
 typedef struct {
     int op;

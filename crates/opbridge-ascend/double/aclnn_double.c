@@ -774,6 +774,10 @@ static void unary_elem(const acldoubleOpDesc *d, const char *a, char *o) {
             case ACLDOUBLE_OP_RELU: r = x > 0 ? x : (isnan(x) ? x : 0.0); break;
             case ACLDOUBLE_OP_SIGMOID: r = 1.0 / (1.0 + exp(-x)); break;
             case ACLDOUBLE_OP_TANH: r = tanh(x); break;
+            case ACLDOUBLE_OP_GELU:
+                r = d->alpha_i ? 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+                               : 0.5 * x * (1.0 + erf(x * 0.7071067811865476));
+                break;
             default: r = x / (1.0 + exp(-x)); break; /* silu */
             }
         } else {
@@ -787,6 +791,10 @@ static void unary_elem(const acldoubleOpDesc *d, const char *a, char *o) {
             case ACLDOUBLE_OP_RELU: r = f > 0 ? f : (isnan(f) ? f : 0.0f); break;
             case ACLDOUBLE_OP_SIGMOID: r = 1.0f / (1.0f + expf(-f)); break;
             case ACLDOUBLE_OP_TANH: r = tanhf(f); break;
+            case ACLDOUBLE_OP_GELU:
+                r = d->alpha_i ? 0.5f * f * (1.0f + tanhf(0.7978845608f * (f + 0.044715f * f * f * f)))
+                               : 0.5f * f * (1.0f + erff(f * 0.70710678f));
+                break;
             default: r = f / (1.0f + expf(-f)); break; /* silu */
             }
         }
@@ -824,7 +832,8 @@ static int run_elementwise(task_t *t) {
         const char *a = t->view[0] + off[0] * isz[0];
         char *dst = tmp + e * (size_t)osz;
         if (d->op == ACLDOUBLE_OP_CAST || d->op == ACLDOUBLE_OP_COPY) convert(dst, o->dtype, a, d->t[0].dtype);
-        else if (d->op >= ACLDOUBLE_OP_NEG && d->op <= ACLDOUBLE_OP_SILU) unary_elem(d, a, dst);
+        else if ((d->op >= ACLDOUBLE_OP_NEG && d->op <= ACLDOUBLE_OP_SILU) || d->op == ACLDOUBLE_OP_GELU)
+            unary_elem(d, a, dst);
         else binary_elem(d, a, t->view[1] + off[1] * isz[1], dst);
         for (int64_t ax = (int64_t)nd - 1; ax >= 0; ax--) {
             idx[ax]++;
@@ -1154,6 +1163,7 @@ static int task_run(void *ctx) {
     struct timespec began, ended;
     clock_gettime(CLOCK_MONOTONIC, &began);
     int rc = d->op == ACLDOUBLE_OP_MATMUL ? (numel(&d->t[2]) ? run_matmul(t) : 0)
+             : d->op == ACLDOUBLE_OP_GELU       ? run_elementwise(t)
              : d->op == ACLDOUBLE_OP_LAYER_NORM ? run_layer_norm(t)
              : d->op >= ACLDOUBLE_OP_SUM     ? run_reduce(t)
              : d->op >= ACLDOUBLE_OP_SOFTMAX ? run_softmax(t)

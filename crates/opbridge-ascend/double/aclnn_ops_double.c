@@ -449,6 +449,25 @@ aclnnStatus aclnnLogSoftmax(void *workspace, uint64_t workspaceSize, aclOpExecut
     return acldoubleNnRun("aclnnLogSoftmax", workspace, workspaceSize, executor, stream);
 }
 
+aclnnStatus aclnnGeluV2GetWorkspaceSize(const aclTensor *x, int64_t approximate, aclTensor *y, uint64_t *workspaceSize,
+                                        aclOpExecutor **executor) {
+    static const char *F = "aclnnGeluV2GetWorkspaceSize";
+    acldoubleOpDesc d;
+    int rc = enter(F, workspaceSize, executor);
+    if (rc || (rc = unary_desc(F, "aclnnGeluV2", ACLDOUBLE_OP_GELU, 1, x, y, &d))) return rc;
+    if (d.t[0].dtype == ACL_DOUBLE || (approximate != 0 && approximate != 1)) {
+        acldoubleNnSetError(ACLNN_ERR_PARAM_INVALID, F,
+                            "x dtype %s, approximate %lld: FLOAT, FLOAT16 or BF16, and 0 (none) or 1 (tanh)",
+                            dtname(d.t[0].dtype), (long long)approximate);
+        return ACLNN_ERR_PARAM_INVALID;
+    }
+    d.alpha_i = approximate;
+    return finish(F, &d, workspaceSize, executor);
+}
+aclnnStatus aclnnGeluV2(void *workspace, uint64_t workspaceSize, aclOpExecutor *executor, aclrtStream stream) {
+    return acldoubleNnRun("aclnnGeluV2", workspace, workspaceSize, executor, stream);
+}
+
 UNARY(Relu, ACLDOUBLE_OP_RELU, 0)
 UNARY(Sigmoid, ACLDOUBLE_OP_SIGMOID, 1)
 UNARY(Silu, ACLDOUBLE_OP_SILU, 1)

@@ -205,6 +205,8 @@ pub struct Aclnn {
     pub amin: Option<TwoPhase<ReducePhase1>>,
     pub argmax: Option<TwoPhase<ArgMaxPhase1>>,
     pub layer_norm: Option<TwoPhase<LayerNormPhase1>>,
+    /// `(x, approximate, y)`: the shape of [`DimPhase1`].
+    pub gelu: Option<TwoPhase<DimPhase1>>,
     create_int_array: Option<CreateIntArray>,
     destroy_int_array: Option<DestroyIntArray>,
     pub softmax: Option<TwoPhase<DimPhase1>>,
@@ -332,6 +334,7 @@ impl Aclnn {
             amin: two_phase!("aclnnAmin", ReducePhase1),
             argmax: two_phase!("aclnnArgMax", ArgMaxPhase1),
             layer_norm: two_phase!("aclnnLayerNorm", LayerNormPhase1),
+            gelu: two_phase!("aclnnGeluV2", DimPhase1),
             // SAFETY: the prototypes of `aclnn/acl_meta.h`.
             create_int_array: unsafe { symbol::<CreateIntArray>(&libraries, "aclCreateIntArray") },
             // SAFETY: the prototype of `aclnn/acl_meta.h`.
@@ -393,12 +396,17 @@ impl Aclnn {
 
     /// An `aclScalar` holding 1 in `dtype` (the `alpha` of Add and Sub).
     pub fn one(&self, dtype: DType) -> Scalar<'_> {
+        self.scalar(1.0, dtype)
+    }
+
+    /// An `aclScalar` holding `value` rounded to `dtype` (integers: truncated).
+    pub fn scalar(&self, value: f64, dtype: DType) -> Scalar<'_> {
         let mut value: [u8; 8] = match dtype {
-            DType::F16 => u64::from(half::f16::ONE.to_bits()).to_ne_bytes(),
-            DType::F32 => u64::from(1f32.to_bits()).to_ne_bytes(),
-            DType::F64 => 1f64.to_ne_bytes(),
-            DType::I32 => u64::from(1u32).to_ne_bytes(),
-            DType::I64 => 1i64.to_ne_bytes(),
+            DType::F16 => u64::from(half::f16::from_f64(value).to_bits()).to_ne_bytes(),
+            DType::F32 => u64::from((value as f32).to_bits()).to_ne_bytes(),
+            DType::F64 => value.to_ne_bytes(),
+            DType::I32 => u64::from(value as i32 as u32).to_ne_bytes(),
+            DType::I64 => (value as i64).to_ne_bytes(),
         };
         // SAFETY: `value` holds the dtype's bit pattern at its start (little-endian hosts: the
         // low bytes come first); ACL copies it.

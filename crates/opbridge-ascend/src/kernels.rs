@@ -3,6 +3,7 @@
 //! | opbridge op | aclnn operator |
 //! |---|---|
 //! | `add`, `vector_add` | `aclnnAdd` (alpha = 1) |
+//! | `axpy` (`alpha * x + y`) | `aclnnAdd(y, x, alpha)` |
 //! | `sub` | `aclnnSub` (alpha = 1) |
 //! | `mul`, `div`, `maximum`, `minimum` | `aclnnMul`, `aclnnDiv`, `aclnnMaximum`, `aclnnMinimum` |
 //! | `pow` | `aclnnPowTensorTensor` |
@@ -14,6 +15,7 @@
 //! | `max`, `min` | `aclnnAmax`, `aclnnAmin` |
 //! | `argmax` | `aclnnArgMax` (`axis` None: over the flat view of a contiguous input) |
 //! | `layer_norm` | `aclnnLayerNorm` (`normalizedShape` = the last axis; no mean / rstd outputs) |
+//! | `gelu` | `aclnnGeluV2` (`approximate` 0 = erf, 1 = tanh; float16 / float32, as CANN) |
 //! | `matmul` | `aclnnMatmul` (`cubeMathType` = KEEP_DTYPE: no silent precision loss) |
 //! | `neg`, `abs`, `exp`, `log`, `sqrt` | `aclnnNeg`, `aclnnAbs`, `aclnnExp`, `aclnnLog`, `aclnnSqrt` |
 //! | `relu`, `sigmoid`, `tanh`, `silu` | `aclnnRelu`, `aclnnSigmoid`, `aclnnTanh`, `aclnnSilu` |
@@ -50,6 +52,8 @@ enum Kernel {
     Min,
     ArgMax,
     LayerNorm,
+    Gelu,
+    Axpy,
     Matmul,
     /// A unary operator, by opbridge name (its aclnn operator in [`Aclnn::unary`]).
     Unary(&'static str),
@@ -59,7 +63,7 @@ enum Kernel {
 const UNARY: [&str; 9] = ["neg", "abs", "exp", "log", "sqrt", "relu", "sigmoid", "tanh", "silu"];
 
 /// Our operator names and their kernels.
-const KERNELS: [(&str, Kernel); 20] = [
+const KERNELS: [(&str, Kernel); 22] = [
     ("add", Kernel::Add),
     ("vector_add", Kernel::Add),
     ("sub", Kernel::Sub),
@@ -79,12 +83,14 @@ const KERNELS: [(&str, Kernel); 20] = [
     ("min", Kernel::Min),
     ("argmax", Kernel::ArgMax),
     ("layer_norm", Kernel::LayerNorm),
+    ("gelu", Kernel::Gelu),
+    ("axpy", Kernel::Axpy),
     ("matmul", Kernel::Matmul),
 ];
 
 /// Registers every Ascend kernel with the operator library.
 pub fn register() {
-    static ALL: [Kernel; 19] = [
+    static ALL: [Kernel; 21] = [
         Kernel::Add,
         Kernel::Sub,
         Kernel::Mul,
@@ -103,6 +109,8 @@ pub fn register() {
         Kernel::Min,
         Kernel::ArgMax,
         Kernel::LayerNorm,
+        Kernel::Gelu,
+        Kernel::Axpy,
         Kernel::Matmul,
     ];
     for (name, kernel) in KERNELS {
@@ -365,6 +373,31 @@ impl DeviceKernel for Kernel {
                     )
                 })
             }
+            Kernel::Gelu => {
+                let op = aclnn.gelu.ok_or_else(|| missing("aclnnGeluV2"))?;
+                let approximate = match call.attrs.get("approximate") {
+                    Some(opbridge_ops::AttrValue::Str(form)) if form == "tanh" => 1,
+                    _ => 0,
+                };
+                let tensors = [input(call, 0)?, out];
+                // SAFETY: live descriptors and out-pointers, the prototype of aclnn_gelu_v2.h.
+                launch((op.name, op.phase2), &tensors, None, approximate, &mut |t, _, (size, exec)| unsafe {
+                    (op.phase1)(t[0], approximate, t[1], size, exec)
+                })
+            }
+            Kernel::Axpy => {
+                let op = aclnn.add.ok_or_else(|| missing("aclnnAdd"))?;
+                let alpha = match call.attrs.get("alpha") {
+                    Some(opbridge_ops::AttrValue::Float(alpha)) => *alpha,
+                    _ => 1.0,
+                };
+                let alpha = aclnn.scalar(alpha, out.dtype());
+                let tensors = [input(call, 1)?, input(call, 0)?, out]; // y + alpha * x
+                                                                       // SAFETY: live descriptors, scalar and out-pointers, the prototype of aclnn_add.h.
+                launch((op.name, op.phase2), &tensors, None, 0, &mut |t, _, (size, exec)| unsafe {
+                    (op.phase1)(t[0], t[1], alpha.raw(), t[2], size, exec)
+                })
+            }
             Kernel::Matmul => {
                 let op = aclnn.matmul.ok_or_else(|| missing("aclnnMatmul"))?;
                 let tensors = [input(call, 0)?, input(call, 1)?, out];
@@ -379,9 +412,9 @@ impl DeviceKernel for Kernel {
 }
 
 impl Kernel {
-    /// Calls whose executor is not kept for reuse: a copy from a view; reductions and layer
-    /// norm, whose int array is only guaranteed to the call that passes it (and whose optional
-    /// tensors would shift the address setters' indices).
+    /// Calls whose executor is not kept for reuse: a copy from a view; reductions, layer norm
+    /// and axpy, whose int array or alpha scalar is only guaranteed to the call that passes it
+    /// (and whose optional tensors would shift the address setters' indices).
     fn one_shot(&self) -> bool {
         matches!(
             self,
@@ -392,6 +425,7 @@ impl Kernel {
                 | Kernel::Min
                 | Kernel::ArgMax
                 | Kernel::LayerNorm
+                | Kernel::Axpy
         )
     }
 }
