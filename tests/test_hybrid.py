@@ -99,6 +99,40 @@ def test_what_auto_keeps_on_the_host_is_explained() -> None:
     assert why["path"] == DEV and "where they live" in why["reason"]
     assert ob.explain("add", a, a, device="cpu")["path"] == "host"
     assert ob.explain("add", a, a, device=DEV)["path"] == DEV
+    # what an explicit device refuses, explain says (and the call raises)
+    assert ob.explain("add", t, t, device=DEV)["path"] == "error"
+    with pytest.raises(ob.ArgumentError, match="already lives on a device"):
+        ob.ops.add(t, t, device=DEV)
+    assert "elementwise" in ob.explain("softmax", a, device=DEV)["reason"]
+    # integer pow stays on the host's own checks, even with a crossover for it
+    ob._native.set_crossover("pow", "int32", DEV, 1, ob._native.device_identity(DEV))
+    i = np.arange(8, dtype=np.int32)
+    assert ob.explain("pow", i, i)["path"] == "host"
+
+
+def test_set_crossover_checks_what_it_is_given() -> None:
+    with pytest.raises(ob.ArgumentError, match="cannot stage softmax"):
+        ob.set_crossover("softmax", "float32", 10)
+    with pytest.raises(ob.ArgumentError, match="cannot stage add in float8"):
+        ob.set_crossover("add", "float8", 10)
+    with pytest.raises(ob.ArgumentError, match="positive int"):
+        ob.set_crossover("add", "float32", -5)
+    with pytest.raises(ob.DeviceError, match="not available"):
+        ob.set_crossover("add", "float32", 10, device="ascend:7")
+    assert ob.crossovers() == []
+
+
+def test_calibrate_keeps_other_devices_entries(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("OPBRIDGE_CACHE_DIR", str(tmp_path))
+    other = {"op": "add", "dtype": "float32", "device": "ascend:5", "elems": 4096, "identity": "Ascend310P3 via x"}
+    (tmp_path / "crossovers.json").write_text(json.dumps([other]))
+    before = ob.tuning.thresholds()
+    try:
+        ob.calibrate()
+    finally:
+        ob._native.set_thresholds(before)
+    saved = json.loads((tmp_path / "crossovers.json").read_text())
+    assert other in saved and any(e["device"] == DEV for e in saved)
 
 
 def test_device_arguments_are_checked() -> None:

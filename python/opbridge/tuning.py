@@ -93,12 +93,18 @@ def calibrate(save: bool = True, devices: bool = True) -> dict[str, int]:
     CPU thresholds; ``crossovers()`` lists the rest."""
     measured = _native.calibrate_thresholds()
     found: list[dict[str, object]] = []
+    measured_devices: set[str] = set()
     if devices:
         for report in _native.devices():
             name = str(report.get("name", ""))
             if report.get("available") and report.get("kind") != "cpu" and ":" in name:  # a device, not a backend
                 found.extend(measure_crossovers(name))
-        for entry in found:
+                measured_devices.add(name)
+        # What was measured replaces what was in force for those devices (an entry that could
+        # not be measured again is not kept); other devices' entries stay.
+        kept = [e for e in crossovers() if e["device"] not in measured_devices]
+        _native.clear_crossovers()
+        for entry in kept + found:
             _apply(entry)
     if save:
         path = thresholds_path()
@@ -106,8 +112,20 @@ def calibrate(save: bool = True, devices: bool = True) -> dict[str, int]:
         _write_json(path, measured)
         _write_json(identity_path(), cpu_identity())
         if devices:
-            _write_json(crossovers_path(), found)
+            # Saved entries of devices not measured here (another machine sharing the cache,
+            # a busy device) are kept.
+            saved = [e for e in _saved_crossovers() if e.get("device") not in measured_devices]
+            _write_json(crossovers_path(), saved + found)
     return measured
+
+
+def _saved_crossovers() -> list[dict[str, object]]:
+    """The saved crossover entries that are well formed (nothing when the file is unreadable)."""
+    try:
+        saved = json.loads(_read_small_regular_file(crossovers_path()))
+    except (OSError, ValueError, RecursionError, RuntimeError, MemoryError):
+        return []
+    return [e for e in saved if _well_formed(e)] if isinstance(saved, list) else []
 
 
 def _write_json(path: Path, value: object) -> None:
@@ -131,9 +149,16 @@ def crossovers() -> list[dict[str, object]]:
 def set_crossover(op: str, dtype: str, elems: int | None, device: str = "ascend:0") -> None:
     """Sets by hand the size from which ``device="auto"`` stages ``op`` in ``dtype`` through
     ``device`` (``None``: never), for this process, as if measured on the device now present."""
+    if elems is not None and (type(elems) is not int or elems < 1):
+        raise _native.ArgumentError(f"set_crossover: elems must be a positive int or None, got {elems!r}")
     identity = _native.device_identity(device)
     if identity is None:
         raise _native.DeviceError(f"set_crossover: {device} is not available")
+    staged = {name: dtypes for name, _, dtypes in _native.staged_ops(device)}
+    if op not in staged or dtype not in staged[op]:
+        raise _native.ArgumentError(
+            f"set_crossover: {device} cannot stage {op} in {dtype} (stageable: {', '.join(sorted(staged))})"
+        )
     _native.set_crossover(op, dtype, device, elems, identity)
 
 
@@ -276,6 +301,15 @@ def _load_saved() -> None:
             _warn(f"opbridge: ignoring thresholds file {path}: {e}")
 
 
+def _well_formed(entry: object) -> bool:
+    """A crossover entry as ``calibrate`` writes it."""
+    return (
+        isinstance(entry, dict)
+        and all(isinstance(entry.get(k), str) for k in ("op", "dtype", "device", "identity"))
+        and (entry.get("elems") is None or (type(entry.get("elems")) is int and 0 < entry["elems"] <= _MAX))
+    )
+
+
 def _load_saved_crossovers() -> None:
     """Applies the saved crossovers, if any; a malformed file or entry is a ``RuntimeWarning``
     and is skipped (``device="auto"`` then stays on the host), never an import failure. Entries
@@ -297,12 +331,7 @@ def _load_saved_crossovers() -> None:
         _warn(f"opbridge: ignoring malformed crossovers file {path}: not a JSON list")
         return
     for entry in saved:
-        ok = (
-            isinstance(entry, dict)
-            and all(isinstance(entry.get(k), str) for k in ("op", "dtype", "device", "identity"))
-            and (entry.get("elems") is None or (type(entry.get("elems")) is int and 0 < entry["elems"] <= _MAX))
-        )
-        if not ok:
+        if not _well_formed(entry):
             _warn(f"opbridge: ignoring malformed entry {_short(entry)} in crossovers file {path}")
             continue
         try:

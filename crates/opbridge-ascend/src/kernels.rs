@@ -391,7 +391,13 @@ impl DeviceKernel for Kernel {
                     Some(opbridge_ops::AttrValue::Float(alpha)) => *alpha,
                     _ => 1.0,
                 };
-                let alpha = aclnn.scalar(alpha, out.dtype());
+                // float16 keeps alpha in float32, as the host kernel does (a float16 alpha would
+                // flush 1e-8 to zero and overflow 1e5).
+                let scalar_dtype = match out.dtype() {
+                    opbridge_runtime::DType::F16 => opbridge_runtime::DType::F32,
+                    dtype => dtype,
+                };
+                let alpha = aclnn.scalar(alpha, scalar_dtype);
                 let tensors = [input(call, 1)?, input(call, 0)?, out]; // y + alpha * x
                                                                        // SAFETY: live descriptors, scalar and out-pointers, the prototype of aclnn_add.h.
                 launch((op.name, op.phase2), &tensors, None, 0, &mut |t, _, (size, exec)| unsafe {
@@ -412,13 +418,15 @@ impl DeviceKernel for Kernel {
 }
 
 impl Kernel {
-    /// Calls whose executor is not kept for reuse: a copy from a view; reductions, layer norm
+    /// Calls whose executor is not kept for reuse: copies from a view (CANN does not repeat
+    /// in-place copies); reductions, layer norm
     /// and axpy, whose int array or alpha scalar is only guaranteed to the call that passes it
     /// (and whose optional tensors would shift the address setters' indices).
     fn one_shot(&self) -> bool {
         matches!(
             self,
             Kernel::Contiguous
+                | Kernel::Transpose
                 | Kernel::Sum
                 | Kernel::Mean
                 | Kernel::Max

@@ -66,23 +66,30 @@ pub fn identity_of(report: &DeviceReport) -> Option<String> {
     ))
 }
 
-/// The identity of `device` now (asks its backend, which starts the driver on first use).
+/// The identity of `device` now (asks its backend only, which starts the driver on first use).
 pub fn identity(device: DeviceId) -> Option<String> {
-    opbridge_runtime::backend::reports()
-        .iter()
-        .find(|r| r.kind == device.kind && r.index == Some(device.index))
-        .and_then(identity_of)
+    let backend = opbridge_runtime::backend::find(device.kind)?;
+    backend.devices().iter().find(|r| r.index == Some(device.index)).and_then(identity_of)
 }
 
-/// Whether the device of an entry is the one measured, asked once per device and identity.
+/// Identities already asked for, per device and fork generation (a fork's child asks again:
+/// the parent's driver is not its own); forgotten whenever the table changes.
+fn seen() -> &'static RwLock<Identities> {
+    static SEEN: OnceLock<RwLock<Identities>> = OnceLock::new();
+    SEEN.get_or_init(RwLock::default)
+}
+
+/// A device's identity (`None`: unavailable) by device and fork generation.
+type Identities = HashMap<(DeviceId, u64), Option<String>>;
+
+/// The identity of an entry's device now, asked once per device (see [`seen`]).
 fn current_identity(device: DeviceId) -> Option<String> {
-    static SEEN: OnceLock<RwLock<HashMap<DeviceId, Option<String>>>> = OnceLock::new();
-    let seen = SEEN.get_or_init(RwLock::default);
-    if let Some(known) = seen.read().unwrap_or_else(|p| p.into_inner()).get(&device) {
+    let key = (device, opbridge_runtime::fork::generation());
+    if let Some(known) = seen().read().unwrap_or_else(|p| p.into_inner()).get(&key) {
         return known.clone();
     }
     let now = identity(device);
-    seen.write().unwrap_or_else(|p| p.into_inner()).insert(device, now.clone());
+    seen().write().unwrap_or_else(|p| p.into_inner()).insert(key, now.clone());
     now
 }
 
@@ -93,11 +100,14 @@ pub fn set(op: &str, crossover: Crossover) {
     let entries = table.by_op.entry(op.to_string()).or_default();
     entries.retain(|c| !(c.device == crossover.device && c.dtype == crossover.dtype));
     entries.push(crossover);
+    drop(table);
+    seen().write().unwrap_or_else(|p| p.into_inner()).clear();
 }
 
 /// Forgets every crossover (calls with `device="auto"` then stay on the host).
 pub fn clear() {
     table().write().unwrap_or_else(|p| p.into_inner()).by_op.clear();
+    seen().write().unwrap_or_else(|p| p.into_inner()).clear();
 }
 
 /// Every crossover, by operator name.
@@ -113,9 +123,17 @@ pub fn entries() -> Vec<(String, Crossover)> {
 /// crossover is the lowest one at or below `elems`, else the host. Costs a table lookup on
 /// the host path (no allocation); the device's identity is asked once per device.
 pub fn route(op: &str, dtype: DType, elems: usize) -> Route {
-    let table = table().read().unwrap_or_else(|p| p.into_inner());
-    match table.by_op.get(op).map(|list| pick(list, dtype, elems)) {
-        Some(Pick::Device(c)) => Route::Device(c.device),
+    let reachable: smallvec::SmallVec<[Crossover; 2]> = {
+        let table = table().read().unwrap_or_else(|p| p.into_inner());
+        let Some(list) = table.by_op.get(op) else { return Route::Host };
+        if !list.iter().any(|c| c.dtype == dtype && c.elems.is_some_and(|n| elems >= n)) {
+            return Route::Host; // the common case: no allocation, no identity check
+        }
+        list.iter().filter(|c| c.dtype == dtype).cloned().collect()
+    };
+    // Identities are asked outside the table's lock (the first ask may start a driver).
+    match pick(&reachable, dtype, elems) {
+        Pick::Device(c) => Route::Device(c.device),
         _ => Route::Host,
     }
 }
@@ -198,9 +216,10 @@ impl Why {
 }
 
 fn decide(op: &str, dtype: DType, elems: usize) -> (Route, Why) {
-    let table = table().read().unwrap_or_else(|p| p.into_inner());
-    let candidates: Vec<Crossover> =
-        table.by_op.get(op).map(|list| list.iter().filter(|c| c.dtype == dtype).cloned().collect()).unwrap_or_default();
+    let candidates: Vec<Crossover> = {
+        let table = table().read().unwrap_or_else(|p| p.into_inner());
+        table.by_op.get(op).map(|list| list.iter().filter(|c| c.dtype == dtype).cloned().collect()).unwrap_or_default()
+    };
     if candidates.is_empty() {
         return (Route::Host, Why::Uncalibrated);
     }

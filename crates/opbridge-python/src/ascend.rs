@@ -50,9 +50,13 @@ fn parse_params(params: Option<Vec<String>>) -> PyResult<Option<Vec<Param>>> {
 /// The parameter type a numpy scalar argument (`np.uint32(n)`) names, for a kernel loaded
 /// without `params`.
 fn scalar_param(kernel: &str, k: usize, arg: &Bound<'_, PyAny>) -> PyResult<Param> {
-    let typed = if crate::ffi::numpy::as_ndarray(arg).is_some() {
-        None
-    } else {
+    if crate::ffi::numpy::as_ndarray(arg).is_some() {
+        return Err(argument_error(format!(
+            "kernel {kernel}: argument {k} is a numpy array (host memory): pass a Tensor on the kernel's device \
+             (ob.asarray(a, device=...)), or a numpy scalar (numpy.uint32(n)) for a scalar parameter"
+        )));
+    }
+    let typed = {
         arg.getattr(pyo3::intern!(arg.py(), "dtype"))
             .and_then(|d| d.getattr(pyo3::intern!(arg.py(), "name")))
             .and_then(|n| n.extract::<String>())

@@ -868,7 +868,25 @@ pub(crate) fn explain_route(
     let name = entry.schema().name.clone();
     let inputs: Few<Bound<'_, PyAny>> = args.iter().collect();
     let refs: Few<&Bound<'_, PyAny>> = inputs.iter().collect();
-    if let Some(t) = refs.iter().find_map(|a| a.cast::<PyTensor>().ok()) {
+    let tensor = refs.iter().find_map(|a| a.cast::<PyTensor>().ok());
+    if device != "auto" && device != "cpu" && !device.starts_with("cpu:") {
+        // What `call_on` would refuse, said instead of a path.
+        if tensor.is_some() {
+            return Ok((
+                "error".into(),
+                format!(
+                    "{name}: device= stages numpy arrays; a Tensor already lives on a device (call without device=)"
+                ),
+            ));
+        }
+        if entry.op.lane().is_none() {
+            return Ok((
+                "error".into(),
+                format!("{name}: device= stages elementwise operators on numpy arrays; call {name} on Tensors"),
+            ));
+        }
+    }
+    if let Some(t) = tensor {
         let at = t.get().inner.device();
         return Ok((
             at.to_string(),
@@ -900,7 +918,7 @@ pub(crate) fn explain_route(
 /// The dtype and element count of a numpy call the staged path can take (see [`staged`]):
 /// an elementwise operator with a fast lane, every input a numpy array of one shape and dtype.
 fn stageable(_py: Python<'_>, entry: &Entry, args: &[&Bound<'_, PyAny>]) -> Option<(DType, usize)> {
-    entry.op.lane()?;
+    let lane = entry.op.lane()?;
     let mut meta: Option<(DType, &[usize])> = None;
     for arg in args {
         let array = np_ffi::as_ndarray(arg)?;
@@ -911,7 +929,8 @@ fn stageable(_py: Python<'_>, entry: &Entry, args: &[&Bound<'_, PyAny>]) -> Opti
             Some(_) => return None,
         }
     }
-    meta.map(|(dtype, shape)| (dtype, shape.iter().product()))
+    // Only what the lane serves as such (integer `pow` or `div` keep the host's own checks).
+    meta.filter(|(dtype, _)| (lane.accepts)(*dtype)).map(|(dtype, shape)| (dtype, shape.iter().product()))
 }
 
 /// numpy in, numpy out, computed on an accelerator: the inputs go through the device in chunks,
