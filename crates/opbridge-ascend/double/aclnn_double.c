@@ -420,12 +420,18 @@ aclnnStatus aclSetAclOpExecutorRepeatable(aclOpExecutor *executor) {
     }
     pthread_mutex_lock(&g_lock);
     int st = exec_state(executor);
-    int rc = 0;
+    int rc = 0, in_place = 0;
     if (st != 1) rc = ACLNN_ERR_PARAM_INVALID;
     else if (executor->executed) rc = ACLNN_ERR_PARAM_INVALID;
+    else if (executor->desc.op == ACLDOUBLE_OP_COPY || executor->desc.absent_mask) rc = in_place = ACLNN_ERR_PARAM_INVALID;
     else executor->repeatable = 1;
     pthread_mutex_unlock(&g_lock);
-    if (rc)
+    if (in_place)
+        acldoubleNnSetError(rc, F,
+                            "executor %p: double-only: in-place copies and calls with absent optional tensors are not "
+                            "repeatable (their address setters' indices are not the parameter order)",
+                            (void *)executor);
+    else if (rc)
         acldoubleNnSetError(rc, F, "executor %p is not a live, not yet executed executor (double)", (void *)executor);
     return rc;
 }
