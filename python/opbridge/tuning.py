@@ -32,6 +32,7 @@ import struct
 import sys
 import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 from . import _native
@@ -267,18 +268,8 @@ def _load_saved() -> None:
     """Applies the saved thresholds, if any. Anything wrong with the file (unreadable, not JSON,
     not an object, an unknown key, a value that is not a positive integer that fits) is a
     ``RuntimeWarning`` and that value keeps its default: never an import failure."""
-    try:
-        path = thresholds_path()
-        text = _read_small_regular_file(path)
-    except FileNotFoundError:
-        return
-    except (OSError, ValueError, RuntimeError, MemoryError) as e:  # a directory, a FIFO, no home...
-        _warn(f"opbridge: ignoring unreadable thresholds file: {e}")
-        return
-    try:
-        saved = json.loads(text)
-    except (ValueError, RecursionError) as e:
-        _warn(f"opbridge: ignoring unreadable thresholds file {path}: {e}")
+    path, saved = _read_saved(thresholds_path, "thresholds")
+    if saved is None:
         return
     if not isinstance(saved, dict):
         _warn(f"opbridge: ignoring malformed thresholds file {path}: not a JSON object")
@@ -301,6 +292,25 @@ def _load_saved() -> None:
             _warn(f"opbridge: ignoring thresholds file {path}: {e}")
 
 
+def _read_saved(locate: Callable[[], Path], what: str) -> tuple[Path | None, object | None]:
+    """The path and JSON value of a saved file; value None when there is none or it cannot be
+    read (a ``RuntimeWarning`` then; never an import failure)."""
+    path = None
+    try:
+        path = locate()
+        text = _read_small_regular_file(path)
+    except FileNotFoundError:
+        return path, None
+    except (OSError, ValueError, RuntimeError, MemoryError) as e:  # a directory, a FIFO, no home...
+        _warn(f"opbridge: ignoring unreadable {what} file: {e}")
+        return path, None
+    try:
+        return path, json.loads(text)
+    except (ValueError, RecursionError) as e:
+        _warn(f"opbridge: ignoring unreadable {what} file {path}: {e}")
+        return path, None
+
+
 def _well_formed(entry: object) -> bool:
     """A crossover entry as ``calibrate`` writes it."""
     return (
@@ -314,18 +324,8 @@ def _load_saved_crossovers() -> None:
     """Applies the saved crossovers, if any; a malformed file or entry is a ``RuntimeWarning``
     and is skipped (``device="auto"`` then stays on the host), never an import failure. Entries
     keep the device they were measured on: on another device they are not used."""
-    try:
-        path = crossovers_path()
-        text = _read_small_regular_file(path)
-    except FileNotFoundError:
-        return
-    except (OSError, ValueError, RuntimeError, MemoryError) as e:
-        _warn(f"opbridge: ignoring unreadable crossovers file: {e}")
-        return
-    try:
-        saved = json.loads(text)
-    except (ValueError, RecursionError) as e:
-        _warn(f"opbridge: ignoring unreadable crossovers file {path}: {e}")
+    path, saved = _read_saved(crossovers_path, "crossovers")
+    if saved is None:
         return
     if not isinstance(saved, list):
         _warn(f"opbridge: ignoring malformed crossovers file {path}: not a JSON list")

@@ -947,8 +947,11 @@ fn two_host_functions_waiting_for_each_other_fail_instead_of_hanging(ctx: &'stat
     let after_s = Event::new(ctx).unwrap();
     let (tx_x, rx_x) = mpsc::channel();
     let (started_tx, started) = mpsc::channel();
+    let (go, recorded) = mpsc::channel::<()>();
     let wait_s = after_s.clone();
     x.launch_host_func(Box::new(move || {
+        // Not before `after_s` is recorded: a never-recorded event counts as complete.
+        let _ = recorded.recv();
         let _ = started_tx.send(());
         let _ = tx_x.send(wait_s.synchronize());
         Ok(())
@@ -963,6 +966,7 @@ fn two_host_functions_waiting_for_each_other_fail_instead_of_hanging(ctx: &'stat
     }))
     .unwrap();
     after_s.record(&s).unwrap();
+    go.send(()).unwrap();
     // x's host function is running (a loaded machine may take long to start it), then blocked
     // waiting shortly after.
     started.recv_timeout(Duration::from_secs(10)).expect("x's host function never ran");
