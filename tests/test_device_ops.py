@@ -168,7 +168,7 @@ def test_gelu_in_float64_names_what_the_device_takes(device: str) -> None:
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
-@pytest.mark.parametrize("alpha", [1.0, -2.5, 0.1])
+@pytest.mark.parametrize("alpha", [1.0, -2.5, 0.1, 2])
 def test_axpy_matches_the_host(device: str, alpha: float, dtype: str, rng) -> None:
     x, y = (rng.standard_normal((4, 33)) * 10).astype(dtype), (rng.standard_normal((1, 33)) * 10).astype(dtype)
     got = ob.ops.axpy(ob.asarray(x, device=device), ob.asarray(y, device=device), alpha=alpha).numpy()

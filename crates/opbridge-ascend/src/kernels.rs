@@ -59,11 +59,8 @@ enum Kernel {
     Unary(&'static str),
 }
 
-/// The unary operators with an aclnn kernel.
-const UNARY: [&str; 9] = ["neg", "abs", "exp", "log", "sqrt", "relu", "sigmoid", "tanh", "silu"];
-
-/// Our operator names and their kernels.
-const KERNELS: [(&str, Kernel); 22] = [
+/// Our operator names and their kernels (a static: the registry keeps `&'static` kernels).
+static KERNELS: [(&str, Kernel); 31] = [
     ("add", Kernel::Add),
     ("vector_add", Kernel::Add),
     ("sub", Kernel::Sub),
@@ -86,50 +83,20 @@ const KERNELS: [(&str, Kernel); 22] = [
     ("gelu", Kernel::Gelu),
     ("axpy", Kernel::Axpy),
     ("matmul", Kernel::Matmul),
+    ("neg", Kernel::Unary("neg")),
+    ("abs", Kernel::Unary("abs")),
+    ("exp", Kernel::Unary("exp")),
+    ("log", Kernel::Unary("log")),
+    ("sqrt", Kernel::Unary("sqrt")),
+    ("relu", Kernel::Unary("relu")),
+    ("sigmoid", Kernel::Unary("sigmoid")),
+    ("tanh", Kernel::Unary("tanh")),
+    ("silu", Kernel::Unary("silu")),
 ];
 
 /// Registers every Ascend kernel with the operator library.
 pub fn register() {
-    static ALL: [Kernel; 21] = [
-        Kernel::Add,
-        Kernel::Sub,
-        Kernel::Mul,
-        Kernel::Div,
-        Kernel::Maximum,
-        Kernel::Minimum,
-        Kernel::Pow,
-        Kernel::Cast,
-        Kernel::Contiguous,
-        Kernel::Transpose,
-        Kernel::Softmax,
-        Kernel::LogSoftmax,
-        Kernel::Sum,
-        Kernel::Mean,
-        Kernel::Max,
-        Kernel::Min,
-        Kernel::ArgMax,
-        Kernel::LayerNorm,
-        Kernel::Gelu,
-        Kernel::Axpy,
-        Kernel::Matmul,
-    ];
-    for (name, kernel) in KERNELS {
-        let registered: &'static Kernel =
-            ALL.iter().find(|k| std::mem::discriminant(*k) == std::mem::discriminant(&kernel)).expect("listed");
-        opbridge_ops::device::register(DeviceKind::Ascend, name, registered);
-    }
-    static UNARY_KERNELS: [Kernel; 9] = [
-        Kernel::Unary(UNARY[0]),
-        Kernel::Unary(UNARY[1]),
-        Kernel::Unary(UNARY[2]),
-        Kernel::Unary(UNARY[3]),
-        Kernel::Unary(UNARY[4]),
-        Kernel::Unary(UNARY[5]),
-        Kernel::Unary(UNARY[6]),
-        Kernel::Unary(UNARY[7]),
-        Kernel::Unary(UNARY[8]),
-    ];
-    for (name, kernel) in UNARY.iter().zip(&UNARY_KERNELS) {
+    for (name, kernel) in &KERNELS {
         opbridge_ops::device::register(DeviceKind::Ascend, name, kernel);
     }
 }
@@ -245,10 +212,7 @@ impl DeviceKernel for Kernel {
                     _ => (aclnn.log_softmax, "aclnnLogSoftmax"),
                 };
                 let op = op.ok_or_else(|| missing(name))?;
-                let dim = match call.attrs.get("axis") {
-                    Some(opbridge_ops::AttrValue::Int(axis)) => *axis,
-                    _ => -1,
-                };
+                let dim = call.attrs.int("axis").map_err(attr_error(call))?;
                 let tensors = [input(call, 0)?, out];
                 // SAFETY: live descriptors and out-pointers, the prototype of aclnn_softmax.h.
                 launch((op.name, op.phase2), &tensors, None, dim, &mut |t, _, (size, exec)| unsafe {
@@ -257,11 +221,11 @@ impl DeviceKernel for Kernel {
             }
             Kernel::Sum | Kernel::Mean | Kernel::Max | Kernel::Min => {
                 let x = input(call, 0)?;
-                let dims: Vec<i64> = match call.attrs.get("axis") {
-                    Some(opbridge_ops::AttrValue::Int(axis)) => vec![*axis],
-                    _ => (0..x.shape().len() as i64).collect(),
+                let dims: Vec<i64> = match call.attrs.opt_int("axis").map_err(attr_error(call))? {
+                    Some(axis) => vec![axis],
+                    None => (0..x.shape().len() as i64).collect(),
                 };
-                let keep = matches!(call.attrs.get("keepdims"), Some(opbridge_ops::AttrValue::Bool(true)));
+                let keep = call.attrs.bool("keepdims").map_err(attr_error(call))?;
                 let dims = aclnn.int_array(&dims).ok_or_else(|| missing("aclCreateIntArray"))?;
                 let tensors = [x, out];
                 match self {
@@ -295,13 +259,13 @@ impl DeviceKernel for Kernel {
                 let op = aclnn.argmax.ok_or_else(|| missing("aclnnArgMax"))?;
                 let x = input(call, 0)?;
                 let (flat, dim);
-                let source = match call.attrs.get("axis") {
-                    Some(opbridge_ops::AttrValue::Int(axis)) => {
-                        dim = *axis;
+                let source = match call.attrs.opt_int("axis").map_err(attr_error(call))? {
+                    Some(axis) => {
+                        dim = axis;
                         x
                     }
                     // numpy's flat index: the input seen as one dimension.
-                    _ => {
+                    None => {
                         if !x.is_contiguous() {
                             return Err(Error::Device {
                                 device,
@@ -334,10 +298,7 @@ impl DeviceKernel for Kernel {
                 let x = input(call, 0)?;
                 let last = x.shape().last().copied().unwrap_or(1) as i64;
                 let normalized = aclnn.int_array(&[last]).ok_or_else(|| missing("aclCreateIntArray"))?;
-                let eps = match call.attrs.get("eps") {
-                    Some(opbridge_ops::AttrValue::Float(eps)) => *eps,
-                    _ => 1e-5,
-                };
+                let eps = call.attrs.float("eps").map_err(attr_error(call))?;
                 let (weight, bias) = (call.inputs.get(1).copied().flatten(), call.inputs.get(2).copied().flatten());
                 // Descriptors for what is given: x, weight?, bias?, out.
                 let mut tensors: Vec<&Tensor> = vec![x];
@@ -375,9 +336,9 @@ impl DeviceKernel for Kernel {
             }
             Kernel::Gelu => {
                 let op = aclnn.gelu.ok_or_else(|| missing("aclnnGeluV2"))?;
-                let approximate = match call.attrs.get("approximate") {
-                    Some(opbridge_ops::AttrValue::Str(form)) if form == "tanh" => 1,
-                    _ => 0,
+                let approximate = match call.attrs.str("approximate").map_err(attr_error(call))? {
+                    "tanh" => 1,
+                    _ => 0, // "none" (the planning refused anything else)
                 };
                 let tensors = [input(call, 0)?, out];
                 // SAFETY: live descriptors and out-pointers, the prototype of aclnn_gelu_v2.h.
@@ -387,10 +348,7 @@ impl DeviceKernel for Kernel {
             }
             Kernel::Axpy => {
                 let op = aclnn.add.ok_or_else(|| missing("aclnnAdd"))?;
-                let alpha = match call.attrs.get("alpha") {
-                    Some(opbridge_ops::AttrValue::Float(alpha)) => *alpha,
-                    _ => 1.0,
-                };
+                let alpha = call.attrs.float("alpha").map_err(attr_error(call))?;
                 // float16 keeps alpha in float32, as the host kernel does (a float16 alpha would
                 // flush 1e-8 to zero and overflow 1e5).
                 let scalar_dtype = match out.dtype() {
@@ -436,6 +394,11 @@ impl Kernel {
                 | Kernel::Axpy
         )
     }
+}
+
+/// An attribute the operator's schema guarantees, mistyped: a device error naming the op.
+fn attr_error<'a>(call: &'a DeviceCall<'_>) -> impl Fn(opbridge_ops::OpError) -> Error + 'a {
+    move |e| Error::Device { device: call.stream.device(), message: format!("{}: {e}", call.op) }
 }
 
 /// `x` seen with its axes permuted by the call's `axes` (default reversed; checked by the

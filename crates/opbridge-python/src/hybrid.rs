@@ -68,7 +68,7 @@ pub fn explain<'py>(
     out: Option<&Bound<'py, PyAny>>,
     device: &str,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let (path, reason) = crate::registry::explain_route(py, op, args, out, device)?;
+    let (path, reason) = crate::registry::explain_route(op, args, out, device)?;
     let d = PyDict::new(py);
     d.set_item("path", path)?;
     d.set_item("reason", reason)?;

@@ -542,6 +542,10 @@ fn call_tensor<'py>(
         device,
         stream.id(),
     );
+    if device.kind != opbridge_runtime::DeviceKind::Cpu {
+        // Device work fails asynchronously: its error will name where it was launched from.
+        opbridge_ops::device::set_call_site(crate::convert::python_call_site(py));
+    }
     let all_tensors = args.iter().flatten().all(|a| matches!(a, Arg::Tensor(_)));
     if all_tensors {
         // Tensors only: one detach for outputs and launch, with the plan made above.
@@ -552,10 +556,6 @@ fn call_tensor<'py>(
                 _ => None,
             })
             .collect();
-        if device.kind != opbridge_runtime::DeviceKind::Cpu {
-            // Device work fails asynchronously: its error will name where it was launched from.
-            opbridge_ops::device::set_call_site(crate::convert::python_call_site(py));
-        }
         let results = py
             .detach(|| {
                 dispatch::launch_planned(entry, &plan, &call.attrs, &inputs, outs.as_deref(), &stream, ctx.pool())
@@ -589,10 +589,6 @@ fn call_tensor<'py>(
         });
     }
     let attrs = &call.attrs;
-    if device.kind != opbridge_runtime::DeviceKind::Cpu {
-        // Device work fails asynchronously: its error will name where it was launched from.
-        opbridge_ops::device::set_call_site(crate::convert::python_call_site(py));
-    }
     // Detached: allocating may wait for streams whose host functions need the GIL.
     let results = py
         .detach(|| dispatch::launch(entry, attrs, &inputs, outs.as_deref(), &stream, ctx.pool()))
@@ -812,7 +808,7 @@ pub fn vector_add<'py>(
     let entry = pinned(&ENTRY, "vector_add", 1)?;
     let Some(device) = device else { return call_two(py, entry, a, b, out) };
     let attrs = entry.schema().bind_attrs(std::iter::empty::<(&str, AttrValue)>()).map_err(to_pyerr)?;
-    match numpy_route(py, entry, &[a, b], out, device)? {
+    match numpy_route(entry, &[a, b], out, device)? {
         Route::Device(target) => staged(py, entry, &[a, b], &attrs, out, target),
         Route::Host => call_two(py, entry, a, b, out),
     }
@@ -823,7 +819,6 @@ pub fn vector_add<'py>(
 /// shape and dtype, no `out=`), and keeps everything else on the host; a device name is that
 /// device (`cpu` is the host path). The route is a profiler span's `path`.
 fn numpy_route(
-    py: Python<'_>,
     entry: &Entry,
     args: &[&Bound<'_, PyAny>],
     out: Option<&Bound<'_, PyAny>>,
@@ -833,7 +828,7 @@ fn numpy_route(
         let target = crate::convert::parse_device(Some(device))?;
         return Ok(if target.kind == opbridge_runtime::DeviceKind::Cpu { Route::Host } else { Route::Device(target) });
     }
-    let route = match (out, stageable(py, entry, args)) {
+    let route = match (out, stageable(entry, args)) {
         (None, Some((dtype, elems))) => hybrid::route(&entry.schema().name, dtype, elems),
         _ => Route::Host,
     };
@@ -850,7 +845,6 @@ fn numpy_route(
 
 /// Where `ob.explain` says a call of `op` on `args` (with `device=`) runs, and why.
 pub(crate) fn explain_route(
-    py: Python<'_>,
     op: &Bound<'_, PyAny>,
     args: &Bound<'_, PyTuple>,
     out: Option<&Bound<'_, PyAny>>,
@@ -868,25 +862,13 @@ pub(crate) fn explain_route(
     let name = entry.schema().name.clone();
     let inputs: Few<Bound<'_, PyAny>> = args.iter().collect();
     let refs: Few<&Bound<'_, PyAny>> = inputs.iter().collect();
-    let tensor = refs.iter().find_map(|a| a.cast::<PyTensor>().ok());
     if device != "auto" && device != "cpu" && !device.starts_with("cpu:") {
-        // What `call_on` would refuse, said instead of a path.
-        if tensor.is_some() {
-            return Ok((
-                "error".into(),
-                format!(
-                    "{name}: device= stages numpy arrays; a Tensor already lives on a device (call without device=)"
-                ),
-            ));
-        }
-        if entry.op.lane().is_none() {
-            return Ok((
-                "error".into(),
-                format!("{name}: device= stages elementwise operators on numpy arrays; call {name} on Tensors"),
-            ));
+        // What the call would refuse, said instead of a path.
+        if let Some(refused) = staging_refusal(&entry, &refs) {
+            return Ok(("error".into(), refused));
         }
     }
-    if let Some(t) = tensor {
+    if let Some(t) = refs.iter().find_map(|a| a.cast::<PyTensor>().ok()) {
         let at = t.get().inner.device();
         return Ok((
             at.to_string(),
@@ -894,7 +876,7 @@ pub(crate) fn explain_route(
         ));
     }
     if device != "auto" {
-        return Ok(match numpy_route(py, &entry, &refs, out, device)? {
+        return Ok(match numpy_route(&entry, &refs, out, device)? {
             Route::Host => ("host".into(), format!("{name}: device={device:?} is the host path")),
             Route::Device(d) => (d.to_string(), format!("{name}: device={device:?} stages the call through {d}")),
         });
@@ -905,7 +887,7 @@ pub(crate) fn explain_route(
     if entry.op.lane().is_none() {
         return Ok(("host".into(), format!("{name}: no staged device path (elementwise operators only); host")));
     }
-    let Some((dtype, elems)) = stageable(py, &entry, &refs) else {
+    let Some((dtype, elems)) = stageable(&entry, &refs) else {
         return Ok((
             "host".into(),
             format!("{name}: the staged path takes numpy arrays of one shape and dtype; these run on the host"),
@@ -915,9 +897,23 @@ pub(crate) fn explain_route(
     Ok((route.label(), why))
 }
 
+/// Why a call cannot be staged through a device at all (`device=` naming one): Tensor inputs
+/// (they live on a device already), or an operator that is not elementwise.
+fn staging_refusal(entry: &Entry, args: &[&Bound<'_, PyAny>]) -> Option<String> {
+    let name = &entry.schema().name;
+    if args.iter().any(|a| a.is_instance_of::<PyTensor>()) {
+        return Some(format!(
+            "{name}: device= stages numpy arrays; a Tensor already lives on a device (call without device=)"
+        ));
+    }
+    entry.op.lane().is_none().then(|| {
+        format!("{name}: device= stages elementwise operators on numpy arrays; call {name} on Tensors instead")
+    })
+}
+
 /// The dtype and element count of a numpy call the staged path can take (see [`staged`]):
 /// an elementwise operator with a fast lane, every input a numpy array of one shape and dtype.
-fn stageable(_py: Python<'_>, entry: &Entry, args: &[&Bound<'_, PyAny>]) -> Option<(DType, usize)> {
+fn stageable(entry: &Entry, args: &[&Bound<'_, PyAny>]) -> Option<(DType, usize)> {
     let lane = entry.op.lane()?;
     let mut meta: Option<(DType, &[usize])> = None;
     for arg in args {
@@ -948,13 +944,11 @@ fn staged<'py>(
     if out.is_some() {
         return Err(argument_error(format!("{name}: out= is not supported with device= (the result is a new array)")));
     }
+    if let Some(refused) = staging_refusal(entry, args) {
+        return Err(argument_error(refused));
+    }
     let mut arrays = Vec::with_capacity(args.len());
     for (k, arg) in args.iter().enumerate() {
-        if arg.is_instance_of::<PyTensor>() {
-            return Err(argument_error(format!(
-                "{name}: device= stages numpy arrays; a Tensor already lives on a device (call without device=)"
-            )));
-        }
         arrays.push(HostArray::extract(name, ["a", "b", "c"][k.min(2)], arg, &entry.schema().dtypes)?);
     }
     let metas: Vec<Option<Meta>> = arrays.iter().map(|a| Some(Meta::new(a.dtype, a.shape()))).collect();
@@ -1136,16 +1130,13 @@ impl PyOp {
             Some(call) => call.inputs.iter().flatten().cloned().collect(),
         };
         let refs: Few<&Bound<'py, PyAny>> = inputs.iter().collect();
-        let Route::Device(target) = numpy_route(py, entry, &refs, out, &device)? else { return Ok(None) };
+        let Route::Device(target) = numpy_route(entry, &refs, out, &device)? else { return Ok(None) };
         let call = match call {
             Some(call) => call,
             None => bind(entry, args, kwargs)?,
         };
-        if entry.op.lane().is_none() || inputs.len() != call.inputs.len() {
-            return Err(argument_error(format!(
-                "{name}: device= stages elementwise operators on numpy arrays; call {name} on Tensors \
-                 (ob.asarray(a, device=\"{target}\")) instead"
-            )));
+        if inputs.len() != call.inputs.len() {
+            return Err(argument_error(format!("{name}: device= stages calls with every input given")));
         }
         staged(py, entry, &refs, &call.attrs, out, target).map(Some)
     }
