@@ -21,16 +21,19 @@ REPO = Path(__file__).resolve().parent.parent
 C_EXAMPLE = REPO / "examples" / "plugins" / "c" / "scale_add.c"
 # Every feature of plugin ABI 2 in one library (also built by crates/opbridge-ops/tests/plugin.rs).
 ABI2_FEATURES = REPO / "tests" / "plugins" / "abi2_features.c"
+# The header as opbridge shipped it for ABI 2: libraries built against it must keep loading.
+ABI2_INCLUDE = REPO / "tests" / "plugins" / "abi2"
 RUST_EXAMPLE = REPO / "examples" / "plugins" / "rust" / "Cargo.toml"
 # Kept across runs so the Rust example compiles once (CI's cache of `target/` keeps it too).
 RUST_TARGET_DIR = REPO / "target" / "plugin-tests"
 
 
-def cc(source: Path, out: Path, *extra: str) -> Path:
+def cc(source: Path, out: Path, *extra: str, include: Path | None = None) -> Path:
     compiler = os.environ.get("CC", "cc")
     if shutil.which(compiler) is None:
         pytest.skip(f"no C compiler ({compiler}) to build the plugin")
-    cmd = [compiler, "-O3", "-shared", "-fPIC", "-I", ob.get_include(), *extra, str(source), "-o", str(out)]
+    headers = str(include or ob.get_include())
+    cmd = [compiler, "-O3", "-shared", "-fPIC", "-I", headers, *extra, str(source), "-o", str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     return out
@@ -66,7 +69,7 @@ def loaded(plugin: Path) -> Iterator[ob.Library]:
 
 def test_get_include_ships_the_header() -> None:
     header = Path(ob.get_include()) / "opbridge" / "plugin.h"
-    assert "#define OPBRIDGE_PLUGIN_ABI_VERSION 2" in header.read_text()
+    assert "#define OPBRIDGE_PLUGIN_ABI_VERSION 3" in header.read_text()
     assert "opbridge_plugin_init" in header.read_text()
 
 
@@ -301,7 +304,9 @@ def test_op_attributes_follow_loads_and_unloads_under_threads(c_plugin: Path) ->
 
 @pytest.fixture(scope="session")
 def abi2_plugin(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return cc(ABI2_FEATURES, tmp_path_factory.mktemp("abi2-plugin") / "libabi2_features.so")
+    # Built against the ABI 2 header, as its users built it: it loads unchanged (CPU only).
+    out = tmp_path_factory.mktemp("abi2-plugin") / "libabi2_features.so"
+    return cc(ABI2_FEATURES, out, include=ABI2_INCLUDE)
 
 
 @pytest.fixture
@@ -318,6 +323,9 @@ def combine_stats() -> tuple[int, int]:
 
 def test_abi2_library_loads_with_its_signature(abi2: ob.Library) -> None:
     assert abi2.ops == [("combine", 1), ("combine", 2), ("combine_stats", 1)]
+    assert abi2.abi_version == 2, "built against the frozen ABI 2 header"
+    combine = next(op for op in ob.list_ops() if op["name"] == "combine")
+    assert combine["by_version"][2]["devices"] == ["cpu"]
     info = next(op for op in ob.list_ops() if op["name"] == "combine")
     assert info["dtypes"] == ["float64", "int32"]
     assert ob.ops.combine.schema["inputs"] == [("a", False), ("b", True)]
@@ -443,7 +451,7 @@ def test_abi2_malformed_new_fields_are_load_errors(tmp_path: Path) -> None:
         src = tmp_path / f"{name}.c"
         src.write_text(source.replace(old, new))
         with pytest.raises(ob.OpBridgeError, match="malformed descriptor ops") as info:
-            ob.load_library(cc(src, tmp_path / f"lib{name}.so"))
+            ob.load_library(cc(src, tmp_path / f"lib{name}.so", include=ABI2_INCLUDE))
         assert message in str(info.value)
         assert all(op["name"] != "combine" for op in ob.list_ops())
 
@@ -455,7 +463,7 @@ def test_a_library_built_for_abi_1_is_refused(tmp_path: Path) -> None:
         "OPB_EXPORT int opbridge_plugin_init(const OpbPluginHost *h, OpbPluginInfo *info) {\n"
         "  (void)h; info->abi_version = 1; return OPB_OK; }\n"
     )
-    with pytest.raises(ob.OpBridgeError, match="built for plugin ABI 1, this opbridge speaks 2.*rebuild"):
+    with pytest.raises(ob.OpBridgeError, match="built for plugin ABI 1, this opbridge loads ABI 2 to 3.*rebuild"):
         ob.load_library(cc(old, tmp_path / "libabi1.so"))
 
 

@@ -187,6 +187,10 @@ impl StreamBackend for AscendStream {
         self.raw
     }
 
+    fn bind_current(&self) -> Result<()> {
+        self.runtime.bind(self.index)
+    }
+
     fn record(&self, event: &Arc<dyn EventBackend>) -> Result<()> {
         let event = self.event(event)?;
         self.runtime.bind(self.index)?;

@@ -38,6 +38,16 @@ pub trait DeviceKernel: Send + Sync + 'static {
     /// Enqueues the operator on `call.stream` and returns; failures while it runs are the
     /// stream's, reported at its next synchronize.
     fn enqueue(&self, call: &DeviceCall<'_>) -> Result<()>;
+
+    /// [`DeviceKernel::enqueue`] with the operator's own error kinds (a plugin kernel's
+    /// `OPB_ERR_SHAPE` stays a shape error); by default the runtime's errors become
+    /// [`OpError::Device`] (out of memory stays out of memory: the caller may free and retry).
+    fn enqueue_call(&self, call: &DeviceCall<'_>) -> crate::Result<()> {
+        self.enqueue(call).map_err(|e| match e.kind() {
+            opbridge_runtime::ErrorKind::OutOfMemory => OpError::Runtime(e),
+            _ => OpError::Device { op: call.op.into(), message: e.to_string() },
+        })
+    }
 }
 
 type Registered = (DeviceKind, &'static str, &'static dyn DeviceKernel);
@@ -75,7 +85,7 @@ pub fn kinds(op: &str) -> Vec<DeviceKind> {
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch(
     entry: &Arc<Entry>,
-    kernel: &'static dyn DeviceKernel,
+    kernel: &dyn DeviceKernel,
     plan: &Plan,
     attrs: &Attrs,
     inputs: &[Option<Arc<Tensor>>],
@@ -123,13 +133,21 @@ pub(crate) fn launch(
     let reads: Few<&Tensor> = converted.iter().flatten().map(|t| t.as_ref()).collect();
     let writes: Few<&Tensor> = targets.iter().map(|t| t.as_ref()).collect();
     let call_inputs: Few<Option<&Tensor>> = converted.iter().map(|t| t.as_deref()).collect();
+    // The kernel's own error, kept typed past the runtime's ordering code.
+    let mut failed: Option<OpError> = None;
     let done = Tensor::enqueue_event(stream, &reads, &writes, |stream| {
-        kernel.enqueue(&DeviceCall { op: &schema.name, attrs, inputs: &call_inputs, outputs: &writes, stream, alloc })
+        let call = DeviceCall { op: &schema.name, attrs, inputs: &call_inputs, outputs: &writes, stream, alloc };
+        kernel.enqueue_call(&call).map_err(|e| {
+            let error = opbridge_runtime::Error::Device { device: stream.device(), message: e.to_string() };
+            failed = Some(e);
+            error
+        })
     })
-    .map_err(|e| match e.kind() {
-        // Out of memory for the workspace stays out of memory (the caller may free and retry).
-        opbridge_runtime::ErrorKind::OutOfMemory => OpError::Runtime(e),
-        _ => OpError::Device { op: op(), message: e.to_string() },
+    .map_err(|e| {
+        failed.take().unwrap_or_else(|| match e.kind() {
+            opbridge_runtime::ErrorKind::OutOfMemory => OpError::Runtime(e),
+            _ => OpError::Device { op: op(), message: e.to_string() },
+        })
     })?;
     entry.track(done);
     stream.note_launch(Launch { what: entry.label(), site: CALL_SITE.with(|c| c.borrow_mut().take()) });

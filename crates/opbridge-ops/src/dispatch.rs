@@ -321,13 +321,13 @@ fn launch_span(entry: &Entry, inputs: &[Option<Arc<Tensor>>], stream: &Stream) -
 
 /// What every launch checks first: the tensors and the allocator on the stream's device, and a
 /// kernel for it (the operator's device kernel, or `None` for a host kernel on the CPU).
-fn check_launch(
-    entry: &Entry,
+fn check_launch<'e>(
+    entry: &'e Entry,
     inputs: &[Option<Arc<Tensor>>],
     out: Option<&[Arc<Tensor>]>,
     stream: &Stream,
     alloc: &dyn Allocate,
-) -> Result<Option<&'static dyn crate::device::DeviceKernel>> {
+) -> Result<Option<&'e dyn crate::device::DeviceKernel>> {
     let schema = entry.schema();
     let op = || -> Arc<str> { schema.name.as_str().into() };
     let device = stream.device();
@@ -365,7 +365,7 @@ fn check_launch(
 #[allow(clippy::too_many_arguments)]
 fn launch_checked(
     entry: &Arc<Entry>,
-    kernel: Option<&'static dyn crate::device::DeviceKernel>,
+    kernel: Option<&dyn crate::device::DeviceKernel>,
     plan: &Plan,
     attrs: &Attrs,
     inputs: &[Option<Arc<Tensor>>],

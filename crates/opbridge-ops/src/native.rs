@@ -53,7 +53,11 @@ pub fn op<O: sdk::Op>() -> Result<Native<O>> {
     let described = catch_unwind(sdk::describe::<O>).map_err(|panic| invalid(panic_text(&*panic)))?;
     // SAFETY: every pointer of the descriptor points into `described` (or statics), alive and
     // unchanged for the call; `validate` copies what it keeps.
-    let mut spec = unsafe { result::validate(described.desc()) }.map_err(invalid)?;
+    let mut spec = unsafe { result::validate(described.desc(), sdk::ABI_VERSION) }.map_err(invalid)?;
+    if spec.kernel.is_none() || !spec.device_kernels.is_empty() {
+        // Built-ins' accelerator kernels are registered by backends (`crate::device`).
+        return Err(invalid("an in-process operator has a CPU kernel and no device kernels".into()));
+    }
     for &(input, dtypes) in O::INPUT_DTYPE_SETS {
         let Some(spec) = spec.schema.inputs.iter_mut().find(|i| i.name == input) else {
             return Err(invalid(format!("INPUT_DTYPE_SETS names {input:?}, which is not an input")));

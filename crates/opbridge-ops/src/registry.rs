@@ -37,6 +37,12 @@ pub trait Operator: Send + Sync {
         vec![DeviceKind::Cpu]
     }
 
+    /// The operator's own kernel on an accelerator (a plugin's, through ABI 3), if it has one.
+    /// Built-ins have none here: backends register theirs in [`crate::device`].
+    fn device_kernel(&self, _kind: DeviceKind) -> Option<&dyn crate::device::DeviceKernel> {
+        None
+    }
+
     /// Whether calls take scratch memory ([`Operator::workspace_size`]): checked first, so
     /// operators without one pay nothing for describing their inputs.
     fn needs_workspace(&self) -> bool {
@@ -258,8 +264,12 @@ impl Entry {
         devices
     }
 
-    /// The kernel a backend registered for this built-in on `kind`.
-    pub fn device_kernel(&self, kind: DeviceKind) -> Option<&'static dyn crate::device::DeviceKernel> {
+    /// The operator's kernel on `kind`: its own (a library's), or the one a backend registered
+    /// for this built-in.
+    pub fn device_kernel(&self, kind: DeviceKind) -> Option<&dyn crate::device::DeviceKernel> {
+        if let Some(kernel) = self.op.device_kernel(kind) {
+            return Some(kernel);
+        }
         match self.source {
             Source::Builtin => crate::device::find(kind, &self.op.schema().name),
             Source::Library(_) => None,

@@ -328,7 +328,8 @@ fn abi_version_mismatch_is_an_error() {
     let init = "info->abi_version = 1; return OPB_ERR_ABI_MISMATCH;";
     let message = load_err(&shared_library(&fixture("abi_one", 1, 0, "", Some(init)), "abi_one"));
     assert!(
-        message.contains("ABI version mismatch: the library was built for plugin ABI 1, this opbridge speaks 2"),
+        message
+            .contains("ABI version mismatch: the library was built for plugin ABI 1, this opbridge loads ABI 2 to 3"),
         "{message}"
     );
     assert!(message.contains("rebuild it"), "{message}");
@@ -361,7 +362,7 @@ fn malformed_descriptors_are_errors() {
         ("no_outputs", ".n_outputs = 0", "n_outputs is 0"),
         ("null_inputs_names", ".input_names = (const char *const[]){0}", "input_names[0] is NULL"),
         ("no_infer", ".infer = 0", "no shape function"),
-        ("no_kernel", ".cpu_kernel = 0", "no CPU kernel"),
+        ("no_cpu_kernel", ".cpu_kernel = 0", "cpu_kernel is NULL"),
         (
             "bad_attr_kind",
             ".attrs = (const OpbAttrDesc[]){{.name = \"k\", .kind = 7}, {.name = \"slow\", .kind = OPB_ATTR_BOOL}}",
@@ -406,6 +407,32 @@ fn malformed_descriptors_are_errors() {
         ),
         ("unknown_op_flags", ".flags = 6", "unknown operator flags 0x6"),
         ("reserved_set", ".reserved = {(void *)1}", "reserved fields must be NULL"),
+        // ABI 3's device kernels.
+        ("no_kernel", ".cpu_kernel = NULL", "no kernel: cpu_kernel is NULL and there are no device_kernels"),
+        (
+            "unknown_device",
+            ".n_device_kernels = 1, .device_kernels = (const OpbDeviceKernel[]){{.device_type = 7, .kernel = kernel}}",
+            "device_kernels[0]: device type 7 is not one opbridge has kernels for",
+        ),
+        (
+            "second_ascend",
+            ".n_device_kernels = 2, .device_kernels = (const OpbDeviceKernel[]){{.device_type = OPB_DEVICE_ASCEND, \
+             .kernel = kernel}, {.device_type = OPB_DEVICE_ASCEND, .kernel = kernel}}",
+            "device_kernels[1]: a second ascend kernel",
+        ),
+        (
+            "null_device_kernel",
+            ".n_device_kernels = 1, .device_kernels = (const OpbDeviceKernel[]){{.device_type = OPB_DEVICE_ASCEND}}",
+            "device_kernels[0]: kernel is NULL",
+        ),
+        (
+            "device_kernel_flags",
+            ".n_device_kernels = 1, .device_kernels = (const OpbDeviceKernel[]){{.device_type = OPB_DEVICE_ASCEND, \
+             .flags = 1, .kernel = kernel}}",
+            "device_kernels[0]: flags and reserved fields must be 0 / NULL",
+        ),
+        ("many_device_kernels", ".n_device_kernels = 9", "n_device_kernels is 9; expected 0 to 8"),
+        ("null_device_kernels", ".n_device_kernels = 1", "device_kernels is NULL but 1 are declared"),
     ];
     for &(name, extra, want) in cases {
         // Later designated initializers override the fixture's.
@@ -423,6 +450,14 @@ fn malformed_descriptors_are_errors() {
             "n_ops is 0",
         ),
         ("null_ops", "info->abi_version = OPBRIDGE_PLUGIN_ABI_VERSION; info->n_ops = 1; return 0;", "ops is NULL"),
+        (
+            // A version 2 library's descriptor has NULL where ABI 3 keeps device kernels.
+            "abi2_with_device_kernels",
+            "info->abi_version = 2; if (host->abi_version != 2) return OPB_ERR_ABI_MISMATCH;
+             static OpbOpDesc one[1]; one[0] = ops[0]; one[0].n_device_kernels = 1;
+             info->n_ops = 1; info->ops = one; return 0;",
+            "reserved fields must be NULL in ABI version 2",
+        ),
     ] {
         let message = load_err(&shared_library(&fixture(name, 1, 0, "", Some(init)), name));
         assert!(message.contains(want), "{name}: {message}");

@@ -8,7 +8,9 @@ use std::ffi::{c_char, c_int, c_void, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::OnceLock;
 
-use crate::{sys, AttrKind, Attrs, DType, Error, Inputs, Meta, Op, Result, Status, Tensor, TensorMut};
+use crate::{
+    sys, AttrKind, Attrs, DType, DeviceLaunch, DeviceTensor, Error, Inputs, Meta, Op, Result, Status, Tensor, TensorMut,
+};
 
 /// One operator's descriptor and the memory its pointers point into.
 #[derive(Debug)]
@@ -20,6 +22,7 @@ pub struct Described {
     _output_names: Vec<*const c_char>,
     _attrs: Vec<sys::OpbAttrDesc>,
     _dtypes: Vec<sys::DLDataType>,
+    _device_kernels: Vec<sys::OpbDeviceKernel>,
 }
 
 impl Described {
@@ -79,6 +82,15 @@ pub fn describe<O: Op>() -> Described {
         .collect();
     let dtypes: Vec<sys::DLDataType> = O::DTYPES.iter().map(|d| d.to_dl()).collect();
     let count = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
+    let device_kernels: Vec<sys::OpbDeviceKernel> = O::DEVICES
+        .iter()
+        .map(|d| sys::OpbDeviceKernel {
+            device_type: d.dlpack_code(),
+            flags: 0,
+            kernel: Some(device_kernel::<O>),
+            reserved: [std::ptr::null_mut(); 2],
+        })
+        .collect();
     let desc = sys::OpbOpDesc {
         name,
         version: O::VERSION,
@@ -95,9 +107,11 @@ pub fn describe<O: Op>() -> Described {
         flags: if O::IN_PLACE.is_some() { sys::OPB_OP_IN_PLACE_OK } else { 0 },
         infer: Some(infer::<O>),
         input_dtypes: O::INPUT_DTYPES.map(|_| input_dtypes::<O> as sys::OpbInputDtypesFn),
-        cpu_kernel: Some(kernel::<O>),
+        cpu_kernel: if O::CPU { Some(kernel::<O>) } else { None },
         workspace_size: O::WORKSPACE.map(|_| workspace_size::<O> as sys::OpbWorkspaceFn),
-        reserved: [std::ptr::null_mut(); 4],
+        n_device_kernels: count(device_kernels.len()),
+        device_kernels: if device_kernels.is_empty() { std::ptr::null() } else { device_kernels.as_ptr() },
+        reserved: [std::ptr::null_mut(); 2],
     };
     Described {
         desc,
@@ -107,6 +121,7 @@ pub fn describe<O: Op>() -> Described {
         _output_names: output_names,
         _attrs: attrs,
         _dtypes: dtypes,
+        _device_kernels: device_kernels,
     }
 }
 
@@ -392,6 +407,56 @@ pub unsafe extern "C" fn kernel<O: Op>(
             (_, false) => unsafe { std::slice::from_raw_parts_mut(workspace.cast::<u8>(), workspace_size) },
         };
         O::run(&Inputs::new(&ins), &mut outs, &attrs, ws)
+    };
+    // SAFETY: the host passes a valid error buffer.
+    unsafe { guarded(err_msg, err_len, body) }
+}
+
+/// The device kernel (`OpbDeviceKernel.kernel`) of every device in `O::DEVICES`: which one runs
+/// is the tensors' device.
+///
+/// # Safety
+/// Called by the host as the header says: tensors on the kernel's device with valid extents,
+/// the device's native stream, `workspace` null or device memory of `workspace_size` bytes, a
+/// valid error buffer.
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn device_kernel<O: Op>(
+    inputs: *const sys::DLTensor,
+    n_in: c_int,
+    outputs: *mut sys::DLTensor,
+    n_out: c_int,
+    attrs: *const sys::OpbAttrs,
+    stream: *mut c_void,
+    workspace: *mut c_void,
+    workspace_size: usize,
+    err_msg: *mut c_char,
+    err_len: usize,
+) -> c_int {
+    let body = || {
+        // SAFETY: the host passes `n_in` input and `n_out` output tensors and valid attributes.
+        let (c_in, c_out, attrs) = unsafe { (slice(inputs, n_in), slice(outputs, n_out), Attrs::from_c(attrs)) };
+        let ins = c_in
+            .iter()
+            .map(|t| match t.ndim {
+                sys::OPB_ABSENT => Ok(None),
+                // SAFETY: a tensor the host passed, with `ndim` extents and strides.
+                _ => unsafe { DeviceTensor::from_dl(t) }.map(Some),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        // SAFETY: as for the inputs.
+        let outs = c_out.iter().map(|t| unsafe { DeviceTensor::from_dl(t) }).collect::<Result<Vec<_>>>()?;
+        let first = outs.first().ok_or_else(|| Error::failed("the host passed no output"))?;
+        if !O::DEVICES.contains(&first.device()) {
+            return Err(Error::failed(format!("{} has no kernel on {}", O::NAME, first.device().name())));
+        }
+        let launch = DeviceLaunch {
+            device: first.device(),
+            device_id: first.device_id(),
+            stream,
+            workspace: if workspace_size == 0 { std::ptr::null_mut() } else { workspace },
+            workspace_size,
+        };
+        O::run_device(&Inputs::new(&ins), &outs, &attrs, &launch)
     };
     // SAFETY: the host passes a valid error buffer.
     unsafe { guarded(err_msg, err_len, body) }

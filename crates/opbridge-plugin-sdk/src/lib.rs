@@ -46,6 +46,7 @@
 //! `opbridge-dtype`, a crate without dependencies).
 
 mod attrs;
+mod device;
 pub mod sys;
 mod tensor;
 
@@ -55,6 +56,7 @@ pub mod __private;
 use std::fmt;
 
 pub use attrs::{AttrLookup, AttrValue, Attrs};
+pub use device::{Device, DeviceLaunch, DeviceTensor};
 /// The element type: `opbridge-dtype`'s, shared with opbridge's runtime (built-in operators and
 /// plugins speak one vocabulary).
 pub use opbridge_dtype::DType;
@@ -404,6 +406,30 @@ pub trait Op: 'static {
         attrs: &Attrs<'_>,
         workspace: &mut [u8],
     ) -> Result<()>;
+
+    /// Accelerators this operator has a kernel on ([`Op::run_device`]); empty (the default):
+    /// the CPU only.
+    const DEVICES: &'static [Device] = &[];
+
+    /// Whether [`Op::run`] is a kernel. `false` for an operator of `DEVICES` only: its `run` is
+    /// never called, and a call on the CPU is a device error that names the devices it has.
+    const CPU: bool = true;
+
+    /// The kernel on a device of [`Op::DEVICES`]: the same contract as [`Op::run`] (inputs in
+    /// the dtypes of `INPUT_DTYPES`, any strides; outputs contiguous, of the inferred metas),
+    /// over device memory. It enqueues the work on `launch.stream()` through the vendor's API
+    /// and returns without waiting; opbridge keeps the tensors and the workspace alive until the
+    /// work has run. An error returned here fails the call; a failure of the enqueued work is
+    /// the stream's, raised by its next synchronize.
+    fn run_device(
+        inputs: &Inputs<'_, DeviceTensor>,
+        outputs: &[DeviceTensor],
+        attrs: &Attrs<'_>,
+        launch: &DeviceLaunch,
+    ) -> Result<()> {
+        let _ = (inputs, outputs, attrs);
+        Err(Error::failed(format!("{} declares no kernel on {}", Self::NAME, launch.device().name())))
+    }
 }
 
 /// Generates `opbridge_plugin_init` for a list of [`Op`] types:

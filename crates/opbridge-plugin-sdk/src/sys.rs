@@ -1,11 +1,13 @@
-//! Raw declarations of the plugin ABI, one for one with `opbridge/plugin.h` (version 2), as
+//! Raw declarations of the plugin ABI, one for one with `opbridge/plugin.h` (version 3), as
 //! `opbridge.get_include()` ships it. Plugin authors use the safe API of the crate root; a test
 //! compiles the header with the system C compiler and compares every size and offset with these.
 #![allow(non_camel_case_types, non_snake_case, non_upper_case_globals, missing_docs)]
 
 use std::ffi::{c_char, c_int, c_void};
 
-pub const OPBRIDGE_PLUGIN_ABI_VERSION: u32 = 2;
+pub const OPBRIDGE_PLUGIN_ABI_VERSION: u32 = 3;
+/// The oldest ABI the loader still loads (its libraries are CPU only).
+pub const OPBRIDGE_PLUGIN_ABI_OLDEST: u32 = 2;
 
 pub const OPB_MAX_NDIM: usize = 16;
 pub const OPB_MAX_INPUTS: i32 = 16;
@@ -14,6 +16,10 @@ pub const OPB_MAX_ATTRS: i32 = 32;
 pub const OPB_MAX_OPS: i32 = 1024;
 pub const OPB_MAX_NAME: usize = 128;
 pub const OPB_MAX_INTS: i64 = 64;
+pub const OPB_MAX_DEVICE_KERNELS: i32 = 8;
+
+/// `DLDevice.device_type` of Ascend NPU memory (`kDLAscend`).
+pub const OPB_DEVICE_ASCEND: i32 = opbridge_dtype::dlpack::kDLAscend;
 
 /// `ndim` of an optional input the caller left out.
 pub const OPB_ABSENT: i32 = -1;
@@ -148,8 +154,21 @@ pub struct OpbOpDesc {
     pub input_dtypes: Option<OpbInputDtypesFn>,
     pub cpu_kernel: Option<OpbKernelFn>,
     pub workspace_size: Option<OpbWorkspaceFn>,
-    pub reserved: [*mut c_void; 4],
+    pub n_device_kernels: i32,
+    pub device_kernels: *const OpbDeviceKernel,
+    pub reserved: [*mut c_void; 2],
 }
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct OpbDeviceKernel {
+    pub device_type: i32,
+    pub flags: u32,
+    pub kernel: Option<OpbKernelFn>,
+    pub reserved: [*mut c_void; 2],
+}
+
+pub type OpbReleaseFn = unsafe extern "C" fn();
 
 #[repr(C)]
 #[derive(Debug)]
@@ -169,7 +188,8 @@ pub struct OpbPluginInfo {
     pub n_ops: i32,
     pub ops: *const OpbOpDesc,
     pub error: *const c_char,
-    pub reserved: [*mut c_void; 8],
+    pub release: Option<OpbReleaseFn>,
+    pub reserved: [*mut c_void; 7],
 }
 
 impl OpbPluginInfo {
@@ -182,7 +202,8 @@ impl OpbPluginInfo {
             n_ops: 0,
             ops: std::ptr::null(),
             error: std::ptr::null(),
-            reserved: [std::ptr::null_mut(); 8],
+            release: None,
+            reserved: [std::ptr::null_mut(); 7],
         }
     }
 }
@@ -211,9 +232,11 @@ pub fn layout() -> Vec<(&'static str, &'static str, usize)> {
         OpbMeta { dtype, ndim, shape }
         OpbOpDesc {
             name, version, doc, n_inputs, input_names, input_optional, n_outputs, output_names, n_attrs, attrs,
-            n_dtypes, dtypes, flags, infer, input_dtypes, cpu_kernel, workspace_size, reserved
+            n_dtypes, dtypes, flags, infer, input_dtypes, cpu_kernel, workspace_size, n_device_kernels,
+            device_kernels, reserved
         }
+        OpbDeviceKernel { device_type, flags, kernel, reserved }
         OpbPluginHost { abi_version, reserved0, runtime_version, reserved }
-        OpbPluginInfo { abi_version, reserved0, name, n_ops, ops, error, reserved }
+        OpbPluginInfo { abi_version, reserved0, name, n_ops, ops, error, release, reserved }
     }
 }

@@ -103,7 +103,7 @@ fn declarations_match_the_header() {
 fn the_entry_point_describes_the_ops() {
     let (status, info) = init();
     assert_eq!(status, sys::OPB_OK);
-    assert_eq!(info.abi_version, 2);
+    assert_eq!(info.abi_version, 3);
     assert_eq!(text(info.name), "sdk_test");
     assert_eq!(info.n_ops, 1);
     // SAFETY: one descriptor, kept alive by the SDK.
@@ -123,6 +123,9 @@ fn the_entry_point_describes_the_ops() {
     assert_eq!(dtypes, [DType::F64.to_dl(), DType::I64.to_dl()]);
     // SAFETY: one name.
     assert_eq!(text(unsafe { *desc.input_names }), "x");
+    // ABI 3's: a CPU kernel and no device kernel.
+    assert!(desc.cpu_kernel.is_some());
+    assert_eq!((desc.n_device_kernels, desc.device_kernels.is_null()), (0, true));
 
     // Another ABI: only the version is written.
     let host = sys::OpbPluginHost {
@@ -134,7 +137,7 @@ fn the_entry_point_describes_the_ops() {
     let mut info = sys::OpbPluginInfo::zeroed();
     // SAFETY: valid pointers.
     assert_eq!(unsafe { opbridge_plugin_init(&host, &mut info) }, sys::OPB_ERR_ABI_MISMATCH);
-    assert_eq!((info.abi_version, info.n_ops), (2, 0));
+    assert_eq!((info.abi_version, info.n_ops), (3, 0));
 }
 
 struct Call {
@@ -592,7 +595,91 @@ fn an_optional_input_that_is_not_an_input_makes_init_fail() {
     let status = unsafe {
         opbridge_plugin_sdk::__private::init(&host, &mut info, &CELL, "bad", || vec![describe::<BadOptional>()])
     };
-    assert_eq!((status, info.abi_version, info.n_ops), (sys::OPB_ERR_FAILED, 2, 0));
+    assert_eq!((status, info.abi_version, info.n_ops), (sys::OPB_ERR_FAILED, 3, 0));
     let message = text(info.error);
     assert!(message.contains("optional input \"w\" of operator bad_optional is not one of its INPUTS"), "{message}");
+}
+
+/// A device-only operator: what its kernel saw, for the test to read back.
+struct OnAscend;
+
+static SEEN: std::sync::Mutex<Option<(String, usize, usize)>> = std::sync::Mutex::new(None);
+
+impl Op for OnAscend {
+    const NAME: &'static str = "on_ascend";
+    const VERSION: u32 = 1;
+    const INPUTS: &'static [&'static str] = &["x"];
+    const DTYPES: &'static [DType] = &[DType::F32];
+    const DEVICES: &'static [opbridge_plugin_sdk::Device] = &[opbridge_plugin_sdk::Device::Ascend];
+    const CPU: bool = false;
+
+    fn infer(inputs: &Inputs<'_, Meta>, _attrs: &Attrs<'_>) -> Result<Vec<Meta>> {
+        Ok(vec![inputs[0].clone()])
+    }
+
+    fn run(_: &Inputs<'_, Tensor<'_>>, _: &mut [TensorMut<'_>], _: &Attrs<'_>, _: &mut [u8]) -> Result<()> {
+        unreachable!("CPU = false: the descriptor has no CPU kernel")
+    }
+
+    fn run_device(
+        inputs: &Inputs<'_, opbridge_plugin_sdk::DeviceTensor>,
+        outputs: &[opbridge_plugin_sdk::DeviceTensor],
+        _attrs: &Attrs<'_>,
+        launch: &opbridge_plugin_sdk::DeviceLaunch,
+    ) -> Result<()> {
+        let x = &inputs[0];
+        if !x.is_contiguous() {
+            return Err(Error::invalid_argument("contiguous inputs only"));
+        }
+        let what =
+            format!("{}:{} {:?} {:?}", launch.device().name(), launch.device_id(), x.shape(), outputs[0].dtype());
+        *SEEN.lock().unwrap() = Some((what, x.data_ptr() as usize, launch.stream() as usize));
+        Ok(())
+    }
+}
+
+#[test]
+fn a_device_kernel_gets_device_tensors_and_the_stream() {
+    let described = describe::<OnAscend>();
+    let desc = described.desc();
+    assert!(desc.cpu_kernel.is_none(), "CPU = false leaves the CPU kernel out");
+    assert_eq!(desc.n_device_kernels, 1);
+    // SAFETY: one device kernel, alive with `described`.
+    let dk = unsafe { &*desc.device_kernels };
+    assert_eq!((dk.device_type, dk.flags), (sys::OPB_DEVICE_ASCEND, 0));
+    let kernel = dk.kernel.expect("a kernel");
+
+    let mut shape = [2i64, 3];
+    let shape_ptr = shape.as_mut_ptr();
+    let mut strides = [3i64, 1];
+    let tensor = |data: usize, strides: *mut i64| sys::DLTensor {
+        data: data as *mut c_void,
+        device: sys::DLDevice { device_type: sys::OPB_DEVICE_ASCEND, device_id: 1 },
+        ndim: 2,
+        dtype: DType::F32.to_dl(),
+        shape: shape_ptr,
+        strides,
+        byte_offset: 16,
+    };
+    let x = tensor(0x1000, strides.as_mut_ptr());
+    let mut out = [tensor(0x2000, strides.as_mut_ptr())];
+    let attrs = sys::OpbAttrs { count: 0, values: std::ptr::null(), names: std::ptr::null() };
+    let mut err = [0 as c_char; 256];
+    let stream = 0xabc0usize as *mut c_void;
+    // SAFETY: tensors with valid extents (their device addresses are never read), a valid error buffer.
+    let status = unsafe {
+        kernel(&x, 1, out.as_mut_ptr(), 1, &attrs, stream, std::ptr::null_mut(), 0, err.as_mut_ptr(), err.len())
+    };
+    assert_eq!(status, sys::OPB_OK, "{}", text(err.as_ptr()));
+    let seen = SEEN.lock().unwrap().take().expect("the kernel ran");
+    assert_eq!(seen, ("ascend:1 [2, 3] F32".to_string(), 0x1010, 0xabc0), "byte_offset folded into the address");
+
+    // A strided input: the kernel's own error, as a status and a message.
+    let mut transposed = [1i64, 2];
+    let x = tensor(0x1000, transposed.as_mut_ptr());
+    // SAFETY: as above.
+    let status = unsafe {
+        kernel(&x, 1, out.as_mut_ptr(), 1, &attrs, stream, std::ptr::null_mut(), 0, err.as_mut_ptr(), err.len())
+    };
+    assert_eq!((status, text(err.as_ptr()).as_str()), (sys::OPB_ERR_INVALID_ARGUMENT, "contiguous inputs only"));
 }

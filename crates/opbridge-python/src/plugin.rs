@@ -26,6 +26,7 @@ use crate::errors::to_pyerr;
 pub struct PyLibrary {
     path: PathBuf,
     ops: Vec<(String, u32)>,
+    abi_version: u32,
     /// `None` once unloaded.
     inner: Mutex<Option<NativeLibrary>>,
 }
@@ -46,7 +47,12 @@ impl PyLibrary {
             py.detach(|| lib.unload()).map_err(to_pyerr)?;
             return Err(error);
         }
-        Ok(PyLibrary { path: lib.path().to_path_buf(), ops: lib.ops(), inner: Mutex::new(Some(lib)) })
+        Ok(PyLibrary {
+            path: lib.path().to_path_buf(),
+            ops: lib.ops(),
+            abi_version: lib.abi_version(),
+            inner: Mutex::new(Some(lib)),
+        })
     }
 
     fn is_loaded(&self) -> bool {
@@ -72,6 +78,13 @@ impl PyLibrary {
     #[getter]
     fn ops(&self) -> Vec<(String, u32)> {
         self.ops.clone()
+    }
+
+    /// The plugin ABI version the library was built for: 3, or 2 for a library built before
+    /// ABI 3 (it loads unchanged, with CPU kernels only).
+    #[getter]
+    fn abi_version(&self) -> u32 {
+        self.abi_version
     }
 
     /// Whether the library is still loaded.

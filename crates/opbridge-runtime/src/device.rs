@@ -83,6 +83,13 @@ pub trait StreamBackend: Send + Sync + fmt::Debug {
         std::ptr::null_mut()
     }
 
+    /// Makes this stream's device the calling thread's current one in the vendor's API (for
+    /// code that calls that API itself on [`StreamBackend::native_handle`]: a plugin's device
+    /// kernel). Nothing to do on the CPU.
+    fn bind_current(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// Enqueues the completion of `event`.
     fn record(&self, event: &Arc<dyn EventBackend>) -> Result<()>;
 

@@ -207,6 +207,12 @@ impl Stream {
         self.0.backend.native_handle()
     }
 
+    /// Makes this stream's device current on the calling thread (see
+    /// [`StreamBackend::bind_current`]).
+    pub fn bind_current(&self) -> Result<()> {
+        self.0.backend.bind_current()
+    }
+
     /// Records a fresh event at the current end of this stream.
     pub fn record_new_event(&self) -> Result<Event> {
         let event = Event::from_device(self.0.device.as_ref())?;

@@ -23,6 +23,9 @@ use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
 use opbridge_dtype::DType;
 
+use opbridge_runtime::DeviceKind;
+
+use crate::device::{DeviceCall, DeviceKernel};
 use crate::error::{OpError, Result};
 use crate::memo::Memo;
 use crate::registry::{Entry, Operator, Registry, Source};
@@ -39,6 +42,8 @@ struct Handle {
     /// Set when the library is closed: checked before a memo answers for it, so a call after
     /// the unload fails at the call (not only when its kernel runs).
     closed: AtomicBool,
+    /// The library's release callback (ABI 3), run once before it is closed.
+    release: Option<sys::OpbReleaseFn>,
 }
 
 impl Handle {
@@ -71,10 +76,13 @@ impl Handle {
             self.closed.store(true, Ordering::Release);
             lib.take()
         };
-        match lib {
-            Some(lib) => lib.close().map_err(|e| plugin_error(&self.path, format!("closing failed: {e}"))),
-            None => Ok(()),
+        let Some(lib) = lib else { return Ok(()) };
+        if let Some(release) = self.release {
+            // SAFETY: the library is still open (closed just below); its operators are
+            // unregistered and their calls, device work included, have finished (`unload`).
+            unsafe { release() };
         }
+        lib.close().map_err(|e| plugin_error(&self.path, format!("closing failed: {e}")))
     }
 }
 
@@ -89,6 +97,8 @@ fn plugin_error(path: &Path, message: impl Into<String>) -> OpError {
 /// An operator library loaded into the process, with the operators it registered.
 pub struct Library {
     path: PathBuf,
+    /// The ABI version the library was built for (2 or 3).
+    abi: u32,
     name: Option<String>,
     entries: Vec<Arc<Entry>>,
     handle: Arc<Handle>,
@@ -131,33 +141,44 @@ impl Library {
                 ))
             }
         };
-        let host = sys::OpbPluginHost {
-            abi_version: sys::OPBRIDGE_PLUGIN_ABI_VERSION,
-            reserved0: 0,
-            runtime_version: RUNTIME_VERSION.as_ptr().cast(),
-            reserved: [std::ptr::null_mut(); 4],
+        // The newest ABI first; a library built for an older one that this loader still speaks
+        // answers with its version (touching nothing else) and is initialized again as such.
+        let mut abi = sys::OPBRIDGE_PLUGIN_ABI_VERSION;
+        let (status, info) = loop {
+            let host = sys::OpbPluginHost {
+                abi_version: abi,
+                reserved0: 0,
+                runtime_version: RUNTIME_VERSION.as_ptr().cast(),
+                reserved: [std::ptr::null_mut(); 4],
+            };
+            let mut info = sys::OpbPluginInfo::zeroed();
+            // SAFETY: `host` and `info` are valid for the call; the library is open.
+            let status = unsafe { init(&host, &mut info) };
+            let theirs = info.abi_version;
+            if theirs != abi && theirs < abi && theirs >= sys::OPBRIDGE_PLUGIN_ABI_OLDEST {
+                abi = theirs;
+                continue;
+            }
+            if theirs != abi {
+                return Err(plugin_error(
+                    &path,
+                    format!(
+                        "ABI version mismatch: the library was built for plugin ABI {theirs}, this opbridge loads ABI {} \
+                         to {} (rebuild it against opbridge.get_include())",
+                        sys::OPBRIDGE_PLUGIN_ABI_OLDEST,
+                        sys::OPBRIDGE_PLUGIN_ABI_VERSION
+                    ),
+                ));
+            }
+            break (status, info);
         };
-        let mut info = sys::OpbPluginInfo::zeroed();
-        // SAFETY: `host` and `info` are valid for the call; the library is open.
-        let status = unsafe { init(&host, &mut info) };
-        let abi_mismatch = |theirs: u32| {
-            plugin_error(
-                &path,
-                format!(
-                    "ABI version mismatch: the library was built for plugin ABI {theirs}, this opbridge speaks {} \
-                     (rebuild it against opbridge.get_include())",
-                    sys::OPBRIDGE_PLUGIN_ABI_VERSION
-                ),
-            )
-        };
-        if info.abi_version != sys::OPBRIDGE_PLUGIN_ABI_VERSION {
-            return Err(abi_mismatch(info.abi_version));
-        }
         if status != sys::OPB_OK {
-            // SAFETY: a library of our ABI version sets `error` to NULL or a C string.
+            // SAFETY: a library of an ABI version we speak sets `error` to NULL or a C string.
             let why = unsafe { result::init_error(info.error) }.unwrap_or_else(|| "no message".into());
             return Err(plugin_error(&path, format!("opbridge_plugin_init failed with status {status}: {why}")));
         }
+        // ABI 2 had `reserved` where ABI 3 has `release` (NULL in a valid version 2 library).
+        let release = if abi >= 3 { info.release } else { None };
         // SAFETY: as above, `name` is NULL or a C string.
         let name = unsafe { result::library_name(info.name) };
         let n_ops =
@@ -172,7 +193,7 @@ impl Library {
         let mut specs: Vec<result::OpSpec> = Vec::with_capacity(n_ops);
         for (i, desc) in descs.iter().enumerate() {
             // SAFETY: the descriptor's pointers follow the header's rules (reads are bounded).
-            let spec = unsafe { result::validate(desc) }
+            let spec = unsafe { result::validate(desc, abi) }
                 .map_err(|message| plugin_error(&path, format!("malformed descriptor ops[{i}]: {message}")))?;
             if specs.iter().any(|s| s.schema.name == spec.schema.name && s.schema.version == spec.schema.version) {
                 return Err(plugin_error(
@@ -183,10 +204,15 @@ impl Library {
             specs.push(spec);
         }
 
-        let handle =
-            Arc::new(Handle { path: path.clone(), lib: RwLock::new(Some(lib)), closed: AtomicBool::new(false) });
+        let handle = Arc::new(Handle {
+            path: path.clone(),
+            lib: RwLock::new(Some(lib)),
+            closed: AtomicBool::new(false),
+            release,
+        });
         let mut library = Library {
             path: path.clone(),
+            abi,
             name,
             entries: Vec::new(),
             handle: Arc::clone(&handle),
@@ -216,6 +242,11 @@ impl Library {
     /// The file this library was loaded from (absolute).
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The plugin ABI version the library was built for (2: CPU kernels only).
+    pub fn abi_version(&self) -> u32 {
+        self.abi
     }
 
     /// The name the library gave itself, if any.
@@ -442,6 +473,22 @@ impl PluginOp {
         }
     }
 
+    /// A call on a device the operator has no kernel for: the devices it has.
+    fn no_kernel_on(&self, kind: DeviceKind) -> OpError {
+        let names: Vec<&str> = Operator::devices(self).iter().map(|d| d.name()).collect();
+        OpError::Device {
+            op: self.name().into(),
+            message: format!(
+                "no {} kernel for {} v{} (from {}); it has kernels for: {}",
+                kind.name(),
+                self.name(),
+                self.spec.schema.version,
+                self.handle.path.display(),
+                names.join(", ")
+            ),
+        }
+    }
+
     fn missing_input(&self, input: &str) -> OpError {
         OpError::Argument { op: self.name().into(), message: format!("input {input:?} is required") }
     }
@@ -550,11 +597,59 @@ impl Operator for PluginOp {
         attrs: &Attrs,
         workspace: &mut [u8],
     ) -> Result<()> {
-        self.call_kernel(inputs, outputs, attrs, workspace)
+        let Some(kernel) = self.spec.kernel else { return Err(self.no_kernel_on(DeviceKind::Cpu)) };
+        let ws =
+            (if workspace.is_empty() { std::ptr::null_mut() } else { workspace.as_mut_ptr().cast() }, workspace.len());
+        let cpu = sys::DLDevice { device_type: sys::kDLCPU, device_id: 0 };
+        self.call_kernel(kernel, cpu, inputs, outputs, attrs, std::ptr::null_mut(), ws)
     }
 
     fn in_place_ok(&self) -> bool {
         self.spec.in_place_ok
+    }
+
+    fn devices(&self) -> Vec<DeviceKind> {
+        let cpu = self.spec.kernel.map(|_| DeviceKind::Cpu);
+        cpu.into_iter().chain(self.spec.device_kernels.iter().map(|(kind, _)| *kind)).collect()
+    }
+
+    fn device_kernel(&self, kind: DeviceKind) -> Option<&dyn DeviceKernel> {
+        self.spec.device_kernels.iter().any(|(k, _)| *k == kind).then_some(self as &dyn DeviceKernel)
+    }
+}
+
+/// The library's device kernels (ABI 3): the call's tensors as DLTensors of the stream's device,
+/// its native stream with the device current, and a workspace from the call's allocator.
+impl DeviceKernel for PluginOp {
+    fn enqueue(&self, call: &DeviceCall<'_>) -> opbridge_runtime::Result<()> {
+        self.enqueue_call(call).map_err(|e| match e {
+            OpError::Runtime(e) => e,
+            other => opbridge_runtime::Error::Device { device: call.stream.device(), message: other.to_string() },
+        })
+    }
+
+    fn enqueue_call(&self, call: &DeviceCall<'_>) -> Result<()> {
+        let device = call.stream.device();
+        let kernel = self.spec.device_kernels.iter().find(|(k, _)| *k == device.kind).map(|(_, f)| *f);
+        let kernel = kernel.ok_or_else(|| self.no_kernel_on(device.kind))?;
+        let inputs: Inline<Option<TensorView>, 4> = call.inputs.iter().map(|t| t.map(TensorView::of_tensor)).collect();
+        let outputs: Inline<TensorView, 2> = call.outputs.iter().map(|t| TensorView::of_tensor(t)).collect();
+        let workspace = match self.needs_workspace() {
+            false => None,
+            true => {
+                let metas: Inline<Option<Meta>, 4> =
+                    inputs.iter().map(|v| v.as_ref().map(|v| Meta::new(v.dtype, &v.shape))).collect();
+                match self.workspace_size(&metas, call.attrs)? {
+                    0 => None,
+                    // Stream-ordered: freed when this returns, reused only after the work.
+                    bytes => Some(call.alloc.allocate(bytes, call.stream.id())?),
+                }
+            }
+        };
+        let ws = workspace.as_ref().map_or((std::ptr::null_mut(), 0), |b| (b.ptr().0 as *mut c_void, b.len()));
+        call.stream.bind_current()?;
+        let on = sys::DLDevice { device_type: device.kind.dlpack_code(), device_id: device.index as i32 };
+        self.call_kernel(kernel, on, &inputs, &outputs, call.attrs, call.stream.native_handle(), ws)
     }
 }
 
@@ -661,14 +756,20 @@ impl PluginOp {
         Ok(metas)
     }
 
-    /// The library's CPU kernel over DLTensors describing the views. An optional input left
-    /// out is a DLTensor with `ndim == OPB_ABSENT` and null data, shape and strides.
+    /// One of the library's kernels over DLTensors describing the views, on `device` (the CPU,
+    /// or the accelerator whose native `stream` it enqueues on). An optional input left out is
+    /// a DLTensor with `ndim == OPB_ABSENT` and null data, shape and strides. `workspace` is
+    /// (address, bytes), null and 0 when there is none.
+    #[allow(clippy::too_many_arguments)]
     fn call_kernel(
         &self,
+        kernel: sys::OpbKernelFn,
+        device: sys::DLDevice,
         inputs: &[Option<TensorView>],
         outputs: &[TensorView],
         attrs: &Attrs,
-        workspace: &mut [u8],
+        stream: *mut c_void,
+        workspace: (*mut c_void, usize),
     ) -> Result<()> {
         let values = self.c_attrs(attrs)?;
         let c_attrs = self.attrs_struct(&values);
@@ -697,7 +798,7 @@ impl PluginOp {
             at += 2 * n;
             sys::DLTensor {
                 data: v.data as *mut c_void,
-                device: sys::DLDevice { device_type: sys::kDLCPU, device_id: 0 },
+                device,
                 ndim: n as i32,
                 dtype: v.dtype.to_dl(),
                 shape,
@@ -711,7 +812,7 @@ impl PluginOp {
                 Some(v) => dl(v),
                 None => sys::DLTensor {
                     data: std::ptr::null_mut(),
-                    device: sys::DLDevice { device_type: sys::kDLCPU, device_id: 0 },
+                    device,
                     ndim: sys::OPB_ABSENT,
                     dtype: sys::DLDataType::default(),
                     shape: std::ptr::null_mut(),
@@ -725,20 +826,21 @@ impl PluginOp {
 
         let _open = self.handle.live(&self.spec.schema)?;
         // SAFETY: the library is open while `_open` lives. The views describe memory valid for
-        // the kernel (the registry's contract), the DLTensors' shape/stride pointers point into
+        // the kernel (the registry's contract; device memory for a device kernel, kept alive by
+        // the launch until its work has run), the DLTensors' shape/stride pointers point into
         // `extents` (absent inputs' are null), alive until the call returns; the attribute struct
-        // points into `values`, alive too; the workspace is the caller's `workspace.len()` bytes
-        // (null when empty), alive until the call returns.
+        // points into `values`, alive too; the workspace is the caller's (null, 0) or its
+        // address and size, alive until the call returns (for a device, until its work has run).
         let status = unsafe {
-            (self.spec.kernel)(
+            kernel(
                 c_inputs.as_ptr(),
                 c_inputs.len() as c_int,
                 c_outputs.as_mut_ptr(),
                 c_outputs.len() as c_int,
                 &c_attrs,
-                std::ptr::null_mut(),
-                if workspace.is_empty() { std::ptr::null_mut() } else { workspace.as_mut_ptr().cast() },
-                workspace.len(),
+                stream,
+                workspace.0,
+                workspace.1,
                 err.as_mut_ptr().cast(),
                 err.len(),
             )

@@ -70,7 +70,10 @@ pub struct OpSpec {
     /// Attribute names as C strings, in schema order (what `OpbAttrs.names` points at).
     pub attr_names: Vec<CString>,
     pub infer: sys::OpbInferFn,
-    pub kernel: sys::OpbKernelFn,
+    /// The CPU kernel (`None`: a device-only operator of ABI 3).
+    pub kernel: Option<sys::OpbKernelFn>,
+    /// Kernels on accelerators (ABI 3), one per kind.
+    pub device_kernels: Vec<(opbridge_runtime::DeviceKind, sys::OpbKernelFn)>,
     pub workspace: Option<sys::OpbWorkspaceFn>,
     pub input_dtypes: Option<sys::OpbInputDtypesFn>,
     /// `OPB_OP_IN_PLACE_OK`: an output may be exactly an input.
@@ -240,7 +243,7 @@ unsafe fn names(
 /// # Safety
 /// Every non-null pointer in `desc` points at what the header says it does (strings may be
 /// unterminated: reads stop at the documented limits). Counts are checked before arrays are read.
-pub unsafe fn validate(desc: &sys::OpbOpDesc) -> Result<OpSpec, String> {
+pub unsafe fn validate(desc: &sys::OpbOpDesc, abi: u32) -> Result<OpSpec, String> {
     // SAFETY: the caller vouches for the pointers; counts were checked above.
     let name = unsafe { read_name(desc.name, "operator name") }?;
     let fail = |message: String| format!("operator {name:?}: {message}");
@@ -351,9 +354,25 @@ pub unsafe fn validate(desc: &sys::OpbOpDesc) -> Result<OpSpec, String> {
     }
 
     let infer = desc.infer.ok_or_else(|| fail("no shape function (infer is NULL)".into()))?;
-    let kernel = desc.cpu_kernel.ok_or_else(|| fail("no CPU kernel (cpu_kernel is NULL)".into()))?;
     if desc.reserved.iter().any(|p| !p.is_null()) {
-        return Err(fail("reserved fields must be NULL in ABI version 2".into()));
+        return Err(fail(format!("reserved fields must be NULL in ABI version {abi}")));
+    }
+    let device_kernels = if abi < 3 {
+        // Where ABI 2 had `reserved`: NULL in every valid version 2 descriptor.
+        if desc.n_device_kernels != 0 || !desc.device_kernels.is_null() {
+            return Err(fail("reserved fields must be NULL in ABI version 2".into()));
+        }
+        Vec::new()
+    } else {
+        // SAFETY: the caller vouches for the pointers; the count is checked first.
+        unsafe { device_kernels(desc) }.map_err(fail)?
+    };
+    let kernel = desc.cpu_kernel;
+    if kernel.is_none() && device_kernels.is_empty() {
+        return Err(fail(match abi {
+            2 => "no CPU kernel (cpu_kernel is NULL)".into(),
+            _ => "no kernel: cpu_kernel is NULL and there are no device_kernels".into(),
+        }));
     }
     let attr_names = attrs.iter().map(|a| CString::new(a.name.as_str()).expect("identifiers have no NUL")).collect();
     Ok(OpSpec {
@@ -376,10 +395,48 @@ pub unsafe fn validate(desc: &sys::OpbOpDesc) -> Result<OpSpec, String> {
         attr_names,
         infer,
         kernel,
+        device_kernels,
         workspace: desc.workspace_size,
         input_dtypes: desc.input_dtypes,
         in_place_ok: desc.flags & sys::OPB_OP_IN_PLACE_OK != 0,
     })
+}
+
+/// An ABI 3 descriptor's device kernels: known device types (Ascend; CUDA's slot is kept), each
+/// once, with a kernel, no flags and NULL reserved fields.
+///
+/// # Safety
+/// As [`validate`].
+unsafe fn device_kernels(
+    desc: &sys::OpbOpDesc,
+) -> Result<Vec<(opbridge_runtime::DeviceKind, sys::OpbKernelFn)>, String> {
+    use opbridge_runtime::DeviceKind;
+    let n = count(desc.n_device_kernels, 0, sys::OPB_MAX_DEVICE_KERNELS, "n_device_kernels")?;
+    // SAFETY: forwarded to the caller; the count is checked.
+    let slots = unsafe { array(desc.device_kernels, n, "device_kernels") }?;
+    let mut kernels: Vec<(DeviceKind, sys::OpbKernelFn)> = Vec::with_capacity(n);
+    for (i, slot) in slots.iter().enumerate() {
+        let kind = [DeviceKind::Ascend, DeviceKind::Cuda]
+            .into_iter()
+            .find(|k| k.dlpack_code() == slot.device_type)
+            .ok_or_else(|| {
+                format!(
+                    "device_kernels[{i}]: device type {} is not one opbridge has kernels for (Ascend is {}, CUDA {})",
+                    slot.device_type,
+                    DeviceKind::Ascend.dlpack_code(),
+                    DeviceKind::Cuda.dlpack_code()
+                )
+            })?;
+        if slot.flags != 0 || slot.reserved.iter().any(|p| !p.is_null()) {
+            return Err(format!("device_kernels[{i}]: flags and reserved fields must be 0 / NULL"));
+        }
+        let kernel = slot.kernel.ok_or_else(|| format!("device_kernels[{i}]: kernel is NULL"))?;
+        if kernels.iter().any(|(k, _)| *k == kind) {
+            return Err(format!("device_kernels[{i}]: a second {} kernel", kind.name()));
+        }
+        kernels.push((kind, kernel));
+    }
+    Ok(kernels)
 }
 
 /// The library's optional name from `OpbPluginInfo`.

@@ -1,5 +1,5 @@
 /*
- * opbridge plugin ABI, version 2.
+ * opbridge plugin ABI, version 3.
  *
  * An operator library is a shared library (.so / .dylib / .dll) that exports one function,
  * `opbridge_plugin_init`, which fills an `OpbPluginInfo` with an array of operator descriptors.
@@ -51,9 +51,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Version 2 added string, int-list and None-able attributes, optional inputs, the input-dtype
+/* Version 3 added kernels per device (`OpbOpDesc.device_kernels`: an Ascend kernel today, the
+ * slot is keyed by DLPack device type so CUDA adds its own the same way), an optional CPU kernel
+ * for device-only operators, and the library's `release` callback. Version 2 libraries load
+ * unchanged (CPU only): the loader offers version 3 first and, when the library answers that it
+ * was built for version 2, initializes it again as a version 2 host (a version 2 descriptor is a
+ * version 3 one without device kernels: the new fields sit where its NULL `reserved` were).
+ * Version 2 added string, int-list and None-able attributes, optional inputs, the input-dtype
  * callback and the in-place flag. Libraries built for version 1 must be rebuilt. */
-#define OPBRIDGE_PLUGIN_ABI_VERSION 2
+#define OPBRIDGE_PLUGIN_ABI_VERSION 3
 
 /* Limits the loader checks (descriptors beyond them are rejected at load time). */
 #define OPB_MAX_NDIM 16    /* dimensions of any tensor, in `OpbMeta.shape` */
@@ -63,6 +69,11 @@
 #define OPB_MAX_OPS 1024   /* operators of one library */
 #define OPB_MAX_NAME 128   /* bytes of an operator, input, output or attribute name */
 #define OPB_MAX_INTS 64    /* entries of an INTS attribute's default */
+#define OPB_MAX_DEVICE_KERNELS 8 /* device kernels of one operator */
+
+/* `DLDevice.device_type` of Huawei Ascend NPU memory: kDLAscend in DLPack after v1.3 (a macro
+ * here, so that it exists with an older <dlpack/dlpack.h> too). */
+#define OPB_DEVICE_ASCEND 21
 
 /* ---------------------------------------------------------------------------------------------
  * DLPack (https://github.com/dmlc/dlpack): the subset this ABI uses, under the official names and
@@ -256,7 +267,18 @@ typedef size_t (*OpbWorkspaceFn)(const OpbMeta *inputs, int n_in, const OpbAttrs
  * NULL and the kernel runs synchronously, in order with the rest of the stream's work.
  * `workspace_size` is the size in bytes of `workspace`: what `workspace_size` returned for this
  * call, or 0 when `workspace` is NULL (no `workspace_size` callback, or it returned 0). A kernel
- * must not touch more than `workspace_size` bytes of it. */
+ * must not touch more than `workspace_size` bytes of it.
+ *
+ * A device kernel (see OpbDeviceKernel) receives tensors whose `device` is its device (for
+ * Ascend: device_type OPB_DEVICE_ASCEND, device_id the NPU's index) and whose `data` are device
+ * addresses the host must not dereference; `stream` is that device's native stream (for Ascend
+ * an `aclrtStream`), and the device is current on the calling thread (aclrtSetDevice done). The
+ * kernel enqueues its work on `stream` (aclrtLaunchKernelWithHostArgs, aclnn calls, async
+ * copies) and returns at once, without synchronizing: opbridge orders the stream after earlier
+ * work on the same tensors and keeps inputs, outputs and the workspace (device memory) alive
+ * until the enqueued work has run. Never destroy the stream or enqueue on another one. A status
+ * returned here fails the call at once; a failure of the enqueued work is the stream's, raised
+ * as opbridge.DeviceError by its next synchronize. */
 typedef int (*OpbKernelFn)(const DLTensor *inputs, int n_in, DLTensor *outputs, int n_out,
                            const OpbAttrs *attrs, void *stream, void *workspace,
                            size_t workspace_size, char *err_msg, size_t err_len);
@@ -266,6 +288,16 @@ typedef int (*OpbKernelFn)(const DLTensor *inputs, int n_in, DLTensor *outputs, 
  * ------------------------------------------------------------------------------------------- */
 /* `OpbOpDesc.flags` */
 #define OPB_OP_IN_PLACE_OK 1u /* an output may be exactly an input (elementwise operators) */
+
+/* An operator's kernel on one accelerator (ABI 3). Calls on tensors of that device come here;
+ * calls on a device the operator has no kernel for raise opbridge.DeviceError naming the devices
+ * it has. */
+typedef struct {
+  int32_t device_type; /* a DLPack device type: OPB_DEVICE_ASCEND (CUDA's kDLCUDA is reserved) */
+  uint32_t flags;      /* must be 0 */
+  OpbKernelFn kernel;  /* required: enqueues the work on the device's stream (see OpbKernelFn) */
+  void *reserved[2];   /* must be NULL */
+} OpbDeviceKernel;
 
 typedef struct {
   const char *name;                 /* [A-Za-z0-9_]+, at most OPB_MAX_NAME bytes */
@@ -283,9 +315,12 @@ typedef struct {
   uint32_t flags;                   /* OPB_OP_* flags */
   OpbInferFn infer;                 /* required */
   OpbInputDtypesFn input_dtypes;    /* optional (NULL: inputs keep their dtypes) */
-  OpbKernelFn cpu_kernel;           /* required */
-  OpbWorkspaceFn workspace_size;    /* optional (NULL: no workspace) */
-  void *reserved[4];                /* must be NULL (room for other devices' kernels) */
+  OpbKernelFn cpu_kernel;           /* required in ABI 2; in ABI 3 NULL for a device-only operator */
+  OpbWorkspaceFn workspace_size;    /* optional (NULL: no workspace); sizes device workspaces too */
+  /* ABI 3: kernels on accelerators, one per device type (0..OPB_MAX_DEVICE_KERNELS entries). */
+  int32_t n_device_kernels;
+  const OpbDeviceKernel *device_kernels; /* n_device_kernels entries, or NULL when 0 */
+  void *reserved[2];                     /* must be NULL */
 } OpbOpDesc;
 
 /* What opbridge tells the library. */
@@ -296,6 +331,12 @@ typedef struct {
   void *reserved[4];
 } OpbPluginHost;
 
+/* Release callback (optional, ABI 3): called once when the library is unloaded, after the last
+ * call of its operators has finished (device work included) and before the library is closed.
+ * Free what the kernels set up lazily there: loaded kernel binaries (aclrtBinaryUnLoad), device
+ * buffers, handles. Not called for a library that stays loaded until the process ends. */
+typedef void (*OpbReleaseFn)(void);
+
 /* What the library tells opbridge. It arrives zeroed. */
 typedef struct {
   uint32_t abi_version; /* set to OPBRIDGE_PLUGIN_ABI_VERSION, always, even on error */
@@ -304,7 +345,8 @@ typedef struct {
   int32_t n_ops;        /* 1..OPB_MAX_OPS */
   const OpbOpDesc *ops; /* n_ops descriptors; name + version unique */
   const char *error;    /* on a failed init: a static message, or NULL */
-  void *reserved[8];
+  OpbReleaseFn release; /* ABI 3, optional (see OpbReleaseFn) */
+  void *reserved[7];
 } OpbPluginInfo;
 
 /* The entry point every library exports:
@@ -318,7 +360,9 @@ typedef struct {
  *   }
  *
  * Set `info->abi_version` first and touch nothing else when the versions differ: the loader
- * reads the rest of the struct only from a library of its own ABI version. */
+ * reads the rest of the struct only from a library of an ABI version it speaks, and calls the
+ * entry point again, as a host of the library's version, when that is an older one it still
+ * loads (version 2). */
 typedef int (*OpbPluginInitFn)(const OpbPluginHost *host, OpbPluginInfo *info);
 
 #define OPB_PLUGIN_INIT_SYMBOL "opbridge_plugin_init"
