@@ -70,7 +70,7 @@ def test_a_healthy_setup_reports_ok_and_valid_json(calibrated: Path) -> None:
     checks = by_name(report)
     for name in ("versions", "native module", "symbols", "plugin ABI", "cpu", "calibration", "cpu:0", "jit probe"):
         assert checks[name]["status"] == "ok", checks[name]
-    assert checks["plugin ABI"]["found"].startswith("ABI 2")
+    assert checks["plugin ABI"]["found"].startswith("ABI 3")
     features = checks["cpu"]["details"]["features"]
     assert features and all(isinstance(v, bool) for v in features.values())
     assert checks["cpu:0"]["details"]["allocated_before"] == checks["cpu:0"]["details"]["allocated_after"]

@@ -656,10 +656,17 @@ def _plugin_here(path_text: str, abi: int) -> Check:
         return Check("plugin", name, "fail", message, _plugin_fix(message, abi), details)
     try:
         ops = library.ops
+        built_for = library.abi_version
+        listed = {op["name"]: op["by_version"] for op in ob.list_ops()}
+        devices = {f"{op}@{v}": listed[op][v]["devices"] for op, v in ops if op in listed and v in listed[op]}
     finally:
         library.unload()
     details["ops"] = [f"{op}@{version}" for op, version in ops]
-    found = f"ABI {abi}; {len(ops)} operator(s): {', '.join(details['ops'])}"
+    details["abi_version"] = built_for
+    details["devices"] = devices
+    described = [f"{op} ({', '.join(devices.get(op, []))})" for op in details["ops"]]
+    older = f" (built for ABI {built_for}: CPU kernels only)" if built_for != abi else ""
+    found = f"ABI {built_for}{older}; {len(ops)} operator(s): {', '.join(described)}"
     if undefined or missing:
         return Check(
             "plugin",

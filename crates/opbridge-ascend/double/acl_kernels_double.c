@@ -212,6 +212,14 @@ EXPORT aclError aclrtBinaryUnLoad(aclrtBinHandle binHandle) {
     return rc;
 }
 
+EXPORT uint64_t acldoubleLoadedBinaries(void) {
+    pthread_mutex_lock(&g_klock);
+    uint64_t n = 0;
+    for (kbinary *b = g_binaries; b; b = b->next) n++;
+    pthread_mutex_unlock(&g_klock);
+    return n;
+}
+
 /* On the stream's worker: every block of the launch, in order. */
 static int run_launch(void *ctx) {
     launch *l = ctx;
@@ -254,6 +262,8 @@ EXPORT aclError aclrtLaunchKernelWithHostArgs(aclrtFuncHandle funcHandle, uint32
                                               aclrtPlaceHolderInfo *placeHolderArray, size_t placeHolderNum) {
     const char *F = "aclrtLaunchKernelWithHostArgs";
     (void)cfg;
+    aclError injected = acldouble_injected(F);
+    if (injected) return fail(F, injected, "%s", "injected failure (ACLDOUBLE_FAIL)");
     if (!funcHandle) return fail(F, ACL_ERROR_INVALID_PARAM, "%s", "funcHandle is null");
     if (numBlocks == 0) return fail(F, ACL_ERROR_INVALID_PARAM, "%s", "numBlocks is 0");
     if (placeHolderArray || placeHolderNum)

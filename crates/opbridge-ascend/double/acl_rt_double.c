@@ -1876,6 +1876,14 @@ EXPORT void *acldouble_device_view(const void *devptr, size_t bytes) {
     return r;
 }
 
+EXPORT int acldouble_injected(const char *func) {
+    pthread_once(&g_once, init_once);
+    pthread_mutex_lock(&g_lock);
+    int code = injected(func);
+    pthread_mutex_unlock(&g_lock);
+    return code;
+}
+
 EXPORT int acldouble_is_device_range(const void *p, size_t bytes) {
     pthread_mutex_lock(&g_lock);
     int r = g_init_count && p && find_dev_block(p, bytes ? bytes : 1, 0) != NULL;

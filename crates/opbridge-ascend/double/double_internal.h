@@ -15,6 +15,13 @@ extern "C" {
  * and events. Any out-pointer may be NULL. Returns 0, or 100001 before aclInit. */
 int acldoubleOutstanding(uint64_t *device_allocs, uint64_t *host_allocs, uint64_t *streams, uint64_t *events);
 
+/* The code ACLDOUBLE_FAIL injects for this call of `func` (counting it), or 0: for the parts of
+ * the double outside acl_rt_double.c (kernel binaries and launches). */
+int acldouble_injected(const char *func);
+
+/* Kernel binaries loaded (aclrtBinaryLoadFrom*) and not unloaded: what a leak check counts. */
+uint64_t acldoubleLoadedBinaries(void);
+
 /* Enqueue an opaque "kernel" task on `stream` (NULL = the calling thread's device's default
  * stream), with the same checks as any launch (init, current device, stream's device, not from
  * inside a callback, ACL_STOP_ON_FAILURE refusal). On the stream's worker thread, in stream

@@ -365,7 +365,11 @@ fn open_private_copy(path: &Path) -> Result<libloading::Library> {
     if opened.is_err() {
         let _ = std::fs::remove_file(&copy);
     }
-    opened.map_err(|e| plugin_error(path, format!("not a loadable shared library: {e}")))
+    opened.map_err(|e| {
+        // libloading's text is "dlopen failed"; its source holds dlerror() (the missing symbol).
+        let why = std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| format!("{e}: {s}"));
+        plugin_error(path, format!("not a loadable shared library: {why}"))
+    })
 }
 
 #[cfg(unix)]
