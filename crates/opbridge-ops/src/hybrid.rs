@@ -40,6 +40,18 @@ impl Route {
             Route::Device(id) => id.to_string(),
         }
     }
+
+    /// [`Route::label`] without an allocation for the common ones (`host`, `ascend:0`,
+    /// `cuda:0`); other devices' names are made.
+    pub fn label_str(&self) -> std::borrow::Cow<'static, str> {
+        use opbridge_runtime::DeviceKind;
+        match self {
+            Route::Host => "host".into(),
+            Route::Device(DeviceId { kind: DeviceKind::Ascend, index: 0 }) => "ascend:0".into(),
+            Route::Device(DeviceId { kind: DeviceKind::Cuda, index: 0 }) => "cuda:0".into(),
+            Route::Device(id) => id.to_string().into(),
+        }
+    }
 }
 
 #[derive(Default)]

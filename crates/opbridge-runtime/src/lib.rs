@@ -27,6 +27,7 @@ pub use stream::{
     StreamContext, StreamId, StreamUse,
 };
 pub use tensor::{Storage, Tensor};
+pub use transfer::PendingDownload;
 
 use memory::pool::Source;
 use stream::StreamRegistry;

@@ -17,24 +17,55 @@ impl Tensor {
     /// host-to-device copy on `stream`, ordered after earlier work on the tensor, and waits for
     /// it: `bytes` may change as soon as this returns (`cudaMemcpy` semantics).
     pub fn upload(&self, stream: &Stream, bytes: &[u8]) -> Result<()> {
+        match self.upload_async(stream, bytes)? {
+            Some(done) => done.synchronize(),
+            None => Ok(()),
+        }
+    }
+
+    /// [`Tensor::upload`] without the wait: `bytes` are staged (in a block of the device's
+    /// pinned pool, which stays reserved until the stream has passed the copy) before this
+    /// returns, so they may change at once; the copy itself is enqueued on `stream`, and later
+    /// work on the tensor is ordered after it. The point after the copy, or `None` for no bytes.
+    /// What a server's request takes: its inputs go up, its kernel runs and its outputs come
+    /// back with one wait at the end.
+    pub fn upload_async(&self, stream: &Stream, bytes: &[u8]) -> Result<Option<crate::stream::Mark>> {
         self.check_transfer("upload", bytes.len(), stream)?;
         if bytes.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         let (dst, len) = (self.data_ptr(), bytes.len());
         let ctx = DeviceContext::get(self.device())?;
         if ctx.device().host_accessible() {
+            // Host memory on both sides: the copy reads `bytes`, so it is waited for here.
             let src = DevicePtr(bytes.as_ptr() as usize);
             let done = Tensor::enqueue_event(stream, &[], &[self], |s| s.copy(dst, src, len, CopyKind::HostToDevice))?;
-            return done.synchronize();
+            done.synchronize()?;
+            return Ok(Some(done));
         }
         // Idle when handed out (allocated for the host), written here, then used by the copy.
         let staging = ctx.pinned_pool().allocate(len, StreamId::HOST)?;
         host_write(&staging, bytes);
         staging.record_use(stream);
         let src = staging.ptr();
-        let done = Tensor::enqueue_event(stream, &[], &[self], |s| s.copy(dst, src, len, CopyKind::HostToDevice))?;
-        done.synchronize()
+        Tensor::enqueue_event(stream, &[], &[self], |s| s.copy(dst, src, len, CopyKind::HostToDevice)).map(Some)
+    }
+
+    /// Enqueues on `stream` a device-to-host copy of this contiguous tensor of an accelerator
+    /// into a block of the device's pinned pool, after the work that writes it;
+    /// [`PendingDownload::wait`] then gives the bytes as a host tensor that owns the block (read
+    /// in place: a response body sends them without another copy).
+    pub fn download_async(&self, stream: &Stream) -> Result<PendingDownload> {
+        self.check_transfer("download", self.nbytes(), stream)?;
+        let ctx = DeviceContext::get(self.device())?;
+        let staging = ctx.pinned_pool().allocate(self.nbytes(), StreamId::HOST)?;
+        staging.record_use(stream);
+        let (src, dst, len) = (self.data_ptr(), staging.ptr(), self.nbytes());
+        let done = match len {
+            0 => None,
+            _ => Some(Tensor::enqueue_event(stream, &[self], &[], |s| s.copy(dst, src, len, CopyKind::DeviceToHost))?),
+        };
+        Ok(PendingDownload { staging, done, stream: stream.clone(), dtype: self.dtype(), shape: self.shape().to_vec() })
     }
 
     /// Copies this contiguous tensor into `out` (exactly `nbytes()` bytes) by a device-to-host
@@ -97,5 +128,32 @@ impl Tensor {
             return Err(Error::Layout(format!("{what}: {len} bytes for a tensor of {} bytes", self.nbytes())));
         }
         Ok(())
+    }
+}
+
+/// A device-to-host copy in flight into a pinned block (see [`Tensor::download_async`]).
+#[derive(Debug)]
+pub struct PendingDownload {
+    staging: crate::memory::Buffer,
+    done: Option<crate::stream::Mark>,
+    stream: Stream,
+    dtype: crate::dtype::DType,
+    shape: Vec<usize>,
+}
+
+impl PendingDownload {
+    /// Waits for the copy and synchronizes its stream, so a failure of the work that wrote the
+    /// tensor (a failed kernel) is reported instead of its leftovers; then the bytes, as a
+    /// contiguous host tensor (`cpu:0`) owning the pinned block.
+    pub fn wait(self) -> Result<Tensor> {
+        if let Some(done) = &self.done {
+            done.synchronize()?;
+        }
+        self.stream.synchronize()?;
+        let PendingDownload { staging, dtype, shape, .. } = self;
+        let (ptr, len) = (staging.ptr(), staging.len());
+        let storage =
+            crate::tensor::Storage::External { ptr, len, device: crate::ids::DeviceId::CPU, owner: Box::new(staging) };
+        Tensor::from_storage(std::sync::Arc::new(storage), crate::ids::DeviceId::CPU, dtype, shape, None, 0)
     }
 }

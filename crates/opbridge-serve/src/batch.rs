@@ -169,7 +169,7 @@ fn run_groups(model: &ModelVersion, groups: Vec<Group>, stream: &opbridge_runtim
         }
         let rows = group.rows;
         match run_merged(model, &group.members, rows, stream) {
-            Ok(merged) => split(model, group.members, merged),
+            Ok(merged) => split(model, group.members, merged, stream),
             // A merged call that fails (a kernel refusing one request's values, memory) is
             // run again request by request, so each gets its own answer.
             Err(error) => {
@@ -223,18 +223,14 @@ fn run_merged(
         };
         let mut shape = input.shape.clone();
         let tensor = if shared.contains(&i) {
-            let mut tensor = Tensor::empty_in(ctx.pool(), &shape, input.dtype, StreamId::HOST)?;
-            tensor.write_from_host(&input.bytes)?;
-            tensor
+            infer::tensor_from_bytes(ctx.pool(), &shape, input.dtype, &input.bytes, stream)?
         } else {
             shape[0] = rows;
             let mut bytes = Vec::with_capacity(members.iter().map(|m| m.input_len(i)).sum());
             for member in members {
                 bytes.extend_from_slice(member.checked.inputs[i].as_ref().map_or(&[][..], |x| &x.bytes[..]));
             }
-            let mut tensor = Tensor::empty_in(ctx.pool(), &shape, input.dtype, StreamId::HOST)?;
-            tensor.write_from_host(&bytes)?;
-            tensor
+            infer::tensor_from_bytes(ctx.pool(), &shape, input.dtype, &bytes, stream)?
         };
         metas.push(Some(Meta::new(input.dtype, &shape)));
         inputs.push(Some(Arc::new(tensor)));
@@ -261,11 +257,10 @@ impl Member {
 
 /// Splits a merged call's outputs back along axis 0 into each request's own tensors (from its
 /// session's pool when it has one), answers every request, and records the execution.
-fn split(model: &ModelVersion, members: Vec<Member>, merged: Merged) {
+fn split(model: &ModelVersion, members: Vec<Member>, merged: Merged, stream: &opbridge_runtime::Stream) {
     let splitting = Instant::now();
     let rows: usize = members.iter().map(|m| m.rows).sum();
-    let whole: Vec<Result<HostBytes>> =
-        merged.outputs.into_iter().map(|t| t.into_host_bytes().map_err(|failed| ServeError::from(failed.1))).collect();
+    let whole: Vec<Result<HostBytes>> = merged.outputs.into_iter().map(|t| infer::host_bytes(t, stream)).collect();
     let mut offset = 0;
     let mut answers = Vec::with_capacity(members.len());
     for member in members {
@@ -279,7 +274,7 @@ fn split(model: &ModelVersion, members: Vec<Member>, merged: Merged) {
         infer_ns: merged.infer_ns,
         output_ns: splitting.elapsed().as_nanos() as u64,
     };
-    model.stats.execution(&times, rows);
+    model.stats.execution(&times, rows, model.path());
     for (member, outcome) in answers {
         let Member { reply, rows, queued_at, .. } = member;
         let queue_ns = merged.started.saturating_duration_since(queued_at).as_nanos() as u64;
@@ -301,7 +296,12 @@ fn member_outputs(
     rows: usize,
 ) -> Result<Vec<Output>> {
     let ctx = DeviceContext::get(model.device)?;
-    let alloc = infer::allocator(ctx, member.reply.session.as_ref());
+    // The parts are host memory: the session's pool on the CPU, the host pool for an
+    // accelerator's model (whose results came back to the host whole).
+    let alloc = match infer::host_memory(ctx.pool())? {
+        true => infer::allocator(ctx, member.reply.session.as_ref()),
+        false => DeviceContext::cpu().pool(),
+    };
     let mut outputs = Vec::new();
     for (k, output) in whole.iter().enumerate() {
         let Some(binary) = member.checked.wanted[k] else { continue };
@@ -313,7 +313,8 @@ fn member_outputs(
         let mut part = Tensor::empty_in(alloc, &shape, tensor.dtype(), StreamId::HOST)?;
         let bytes: &[u8] = output.as_ref();
         part.write_from_host(&bytes[offset * row_bytes..(offset + member.rows) * row_bytes])?;
-        outputs.push(infer::output(model, k, part, binary)?);
+        let data = part.into_host_bytes().map_err(|failed| ServeError::from(failed.1))?;
+        outputs.push(infer::output(model, k, data, binary));
     }
     Ok(outputs)
 }

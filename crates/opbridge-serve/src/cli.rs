@@ -63,6 +63,10 @@ pub struct ServeArgs {
     /// threads), so that a woken worker does not preempt the I/O thread request by request.
     #[arg(long, default_value_t = crate::executor::DEFAULT_COMPUTE_NICE, value_parser = clap::value_parser!(i32).range(0..=19))]
     pub compute_nice: i32,
+    /// The host/device crossovers for `device = "auto"` models: what `ob.calibrate()` saved
+    /// (default: `crossovers.json` in opbridge's cache folder, where the Python package keeps it).
+    #[arg(long, value_name = "PATH")]
+    pub crossovers: Option<std::path::PathBuf>,
     /// Requests queued per model version before 503 / UNAVAILABLE.
     #[arg(long, default_value_t = 1024)]
     pub max_queue_size: usize,

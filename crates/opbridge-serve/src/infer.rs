@@ -8,9 +8,10 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use opbridge_ops::dispatch::{self, HostOutputs};
+use opbridge_ops::hybrid::{self, Route};
 use opbridge_ops::schema::{AttrSpec, InputSpec};
 use opbridge_ops::{AttrValue, Attrs, Meta, Plan, TensorView};
-use opbridge_runtime::{Allocate, DType, DeviceContext, HostBytes, StreamId, Tensor};
+use opbridge_runtime::{Allocate, DType, DeviceContext, DeviceId, HostBytes, StreamId, Tensor};
 
 use crate::datatype::Datatype;
 use crate::error::{Code, Result, ServeError};
@@ -454,19 +455,58 @@ pub fn check(
     Ok(Checked { attrs, inputs: checked, wanted, plan, shm, started })
 }
 
-/// Writes a checked call's inputs into memory from `alloc`.
-pub fn load(checked: &Checked, alloc: &dyn Allocate) -> Result<Loaded> {
+/// Writes a checked call's inputs into memory from `alloc` (on an accelerator: copied up on
+/// `stream`, ahead of the call's kernel on the same stream).
+pub fn load(checked: &Checked, alloc: &dyn Allocate, stream: &opbridge_runtime::Stream) -> Result<Loaded> {
     let mut inputs = Vec::with_capacity(checked.inputs.len());
     for input in &checked.inputs {
         let Some(input) = input else {
             inputs.push(None);
             continue;
         };
-        let mut tensor = Tensor::empty_in(alloc, &input.shape, input.dtype, StreamId::HOST)?;
-        tensor.write_from_host(&input.bytes)?;
-        inputs.push(Some(Arc::new(tensor)));
+        inputs.push(Some(Arc::new(tensor_from_bytes(alloc, &input.shape, input.dtype, &input.bytes, stream)?)));
     }
     Ok(inputs)
+}
+
+/// A tensor from `alloc` holding `bytes` (row-major). Host memory (the CPU device) is written in
+/// place; an accelerator's tensor is filled by a host-to-device copy on `stream` from a block
+/// of its pinned pool (the bytes are staged before this returns; the copy is not waited for:
+/// the call's kernel on `stream` runs after it).
+pub(crate) fn tensor_from_bytes(
+    alloc: &dyn Allocate,
+    shape: &[usize],
+    dtype: DType,
+    bytes: &[u8],
+    stream: &opbridge_runtime::Stream,
+) -> Result<Tensor> {
+    if host_memory(alloc)? {
+        let mut tensor = Tensor::empty_in(alloc, shape, dtype, StreamId::HOST)?;
+        tensor.write_from_host(bytes)?;
+        return Ok(tensor);
+    }
+    let tensor = Tensor::empty_in(alloc, shape, dtype, stream.id())?;
+    tensor.upload_async(stream, bytes)?;
+    Ok(tensor)
+}
+
+/// A result's bytes on the host: read in place from host memory, or copied back from an
+/// accelerator on `stream` into a pinned block (waited for, with the stream's errors).
+pub(crate) fn host_bytes(tensor: Tensor, stream: &opbridge_runtime::Stream) -> Result<HostBytes> {
+    let host = tensor.into_host_bytes().or_else(|failed| {
+        let (tensor, error) = *failed;
+        if DeviceContext::get(tensor.device())?.device().host_accessible() {
+            return Err(ServeError::from(error));
+        }
+        let copied = tensor.download_async(stream)?.wait()?;
+        copied.into_host_bytes().map_err(|failed| ServeError::from(failed.1))
+    })?;
+    Ok(host)
+}
+
+/// Whether `alloc` hands out host memory (the CPU device's pools).
+pub(crate) fn host_memory(alloc: &dyn Allocate) -> Result<bool> {
+    Ok(DeviceContext::get(alloc.device())?.device().host_accessible())
 }
 
 /// The opbridge dtype of an input's datatype, if the model's input takes it; else the error
@@ -555,32 +595,33 @@ pub(crate) fn compute(
         .collect()
 }
 
-/// The outputs the client asked for, as host bytes owned by their tensors.
+/// The outputs the client asked for, as host bytes owned by their tensors (an accelerator's
+/// copied back on `stream`).
 pub(crate) fn outputs(
     model: &ModelVersion,
     results: Vec<Tensor>,
     wanted: &[Option<Option<bool>>],
+    stream: &opbridge_runtime::Stream,
 ) -> Result<Vec<Output>> {
     let mut outputs = Vec::new();
     for (k, tensor) in results.into_iter().enumerate() {
         if let Some(binary) = wanted[k] {
-            outputs.push(output(model, k, tensor, binary)?);
+            outputs.push(output(model, k, host_bytes(tensor, stream)?, binary));
         }
     }
     Ok(outputs)
 }
 
-/// Output `k` of `model`, its bytes read in place once the work writing them is done.
-pub(crate) fn output(model: &ModelVersion, k: usize, tensor: Tensor, binary: Option<bool>) -> Result<Output> {
-    let data = tensor.into_host_bytes().map_err(|failed| ServeError::from(failed.1))?;
-    Ok(Output {
+/// Output `k` of `model`, from its bytes on the host.
+pub(crate) fn output(model: &ModelVersion, k: usize, data: HostBytes, binary: Option<bool>) -> Output {
+    Output {
         name: model.entry.schema().outputs[k].clone(),
         datatype: Datatype::of(data.tensor().dtype()),
         shape: data.tensor().shape().to_vec(),
         data: Some(data),
         shm: None,
         binary,
-    })
+    }
 }
 
 /// The allocator of a request's tensors: its session's pool, or the model's device pool.
@@ -607,22 +648,63 @@ pub(crate) fn run_alone(
     }
     let ctx = DeviceContext::get(model.device)?;
     let alloc = allocator(ctx, session);
-    let inputs = load(&checked, alloc)?;
-    let input_ns = checked.started.elapsed().as_nanos() as u64;
-    let started = Instant::now();
-    let results = compute(model, &checked.attrs, &checked.plan, &inputs, stream, alloc)?;
+    let route = if model.auto { auto_route(model, &checked) } else { model.path() };
+    let (results, input_ns, infer_ns) = match route {
+        Route::Device(device) if model.auto => {
+            let input_ns = checked.started.elapsed().as_nanos() as u64;
+            let started = Instant::now();
+            let results = run_staged(model, &checked, device, alloc)?;
+            (results, input_ns, started.elapsed().as_nanos() as u64)
+        }
+        _ => {
+            let inputs = load(&checked, alloc, stream)?;
+            let input_ns = checked.started.elapsed().as_nanos() as u64;
+            let started = Instant::now();
+            let results = compute(model, &checked.attrs, &checked.plan, &inputs, stream, alloc)?;
+            (results, input_ns, started.elapsed().as_nanos() as u64)
+        }
+    };
     if let Some(lease) = session {
         lease.observe_peak();
     }
-    drop(inputs);
-    let infer_ns = started.elapsed().as_nanos() as u64;
     let encoding = Instant::now();
-    let outputs = outputs(model, results, &checked.wanted)?;
+    let outputs = outputs(model, results, &checked.wanted, stream)?;
     let output_ns = encoding.elapsed().as_nanos() as u64;
     let times = Times { queue_ns, input_ns, infer_ns, output_ns };
     model.stats.request(&times, inferences);
-    model.stats.execution(&times, inferences as usize);
+    model.stats.execution(&times, inferences as usize, route);
     Ok(outputs)
+}
+
+/// Where a `device = "auto"` model's request runs: through the device whose calibrated
+/// crossover its size reaches, else on the host (the model's own path). Only a call the staged
+/// path takes as it is can go: every input present, of one shape and one dtype that the
+/// operator's lane serves without conversion.
+fn auto_route(model: &ModelVersion, checked: &Checked) -> Route {
+    let Some(lane) = model.entry.op.lane() else { return Route::Host };
+    let mut present = checked.inputs.iter();
+    let Some(Some(first)) = present.next() else { return Route::Host };
+    let same = present.all(|i| i.as_ref().is_some_and(|i| i.dtype == first.dtype && i.shape == first.shape));
+    let unconverted = checked.plan.inputs.iter().all(|d| *d == Some(first.dtype));
+    let one_output = checked.plan.outputs.len() == 1 && checked.plan.outputs[0].shape[..] == first.shape[..];
+    if !(same && unconverted && one_output && (lane.accepts)(first.dtype)) {
+        return Route::Host;
+    }
+    hybrid::route(&model.entry.schema().name, first.dtype, first.shape.iter().product())
+}
+
+/// A request staged through `device` in chunks, copies overlapping the kernel
+/// (`opbridge_ops::device::run_staged`); its output lands in a host tensor from `alloc`.
+fn run_staged(model: &ModelVersion, checked: &Checked, device: DeviceId, alloc: &dyn Allocate) -> Result<Vec<Tensor>> {
+    let ctx = DeviceContext::get(device)?;
+    let meta = &checked.plan.outputs[0];
+    let inputs: Vec<(&[u8], DType)> = checked.inputs.iter().flatten().map(|i| (&i.bytes[..], i.dtype)).collect();
+    let len: usize = meta.shape.iter().product();
+    let mut bytes = vec![0u8; len * meta.dtype.size()];
+    opbridge_ops::device::run_staged(&model.entry, ctx, &checked.attrs, &inputs, (&mut bytes, meta.dtype), len)?;
+    let mut output = Tensor::empty_in(alloc, &meta.shape, meta.dtype, StreamId::HOST)?;
+    output.write_from_host(&bytes)?;
+    Ok(vec![output])
 }
 
 /// A request on its way to a compute worker.

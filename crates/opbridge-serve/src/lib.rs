@@ -9,6 +9,7 @@
 pub mod ab;
 pub mod batch;
 pub mod cli;
+pub mod crossovers;
 pub mod datatype;
 pub mod error;
 pub mod executor;
@@ -100,6 +101,23 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     if args.model_control_mode != ControlMode::Explicit && !args.load_models.is_empty() {
         return Err("--load-model needs --model-control-mode explicit (the other modes load every model)".into());
     }
+    // Models may name `device = "ascend:0"`: the backend loads ACL only when a model asks for it.
+    opbridge_ascend::register();
+    // The crossovers of `device = "auto"` models: a broken file named on the command line stops
+    // the server; the default one (the Python package's) is only warned about.
+    let (path, given) = match &args.crossovers {
+        Some(path) => (Some(path.clone()), true),
+        None => (crossovers::default_path(), false),
+    };
+    if let Some(path) = path {
+        match crossovers::load(&path) {
+            Ok(applied) => {
+                tracing::info!(file = %path.display(), applied, "host/device crossovers (device = \"auto\")")
+            }
+            Err(e) if given => return Err(format!("--crossovers: {e}")),
+            Err(e) => tracing::warn!("ignoring the saved crossovers: {e}"),
+        }
+    }
     // Built-ins are always registered: alias models may name them even with --no-builtins.
     let builtins = opbridge_ops::Registry::new();
     opbridge_ops::register_builtins(&builtins).map_err(|e| e.to_string())?;
@@ -144,6 +162,11 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     runtime.block_on(serve(args, Arc::clone(&server)))?;
     // Requests in flight have finished (or the grace period is over): unload everything.
     models.unload_all();
+    // Ascend models' work is done: cached device memory goes back and ACL is finalized (a no-op
+    // when no model used the device).
+    if let Err(e) = opbridge_ascend::shutdown() {
+        tracing::warn!("releasing the Ascend devices: {e}");
+    }
     tracing::info!("stopped");
     Ok(())
 }

@@ -153,6 +153,20 @@ impl Metrics {
         per_model(&mut out, "nv_model_load_duration_secs", "gauge", "Model load time in seconds", &|v| {
             format!("{}", v.load_seconds)
         });
+        let _ = writeln!(
+            out,
+            "# HELP opbridge_execution_path_total Executions by where they ran: host, or the device (a device = \"auto\" model's calibrated route)\n# TYPE opbridge_execution_path_total counter"
+        );
+        for v in &loaded {
+            for (path, count) in v.stats.paths.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+                let _ = writeln!(
+                    out,
+                    "opbridge_execution_path_total{{model=\"{}\",path=\"{path}\",version=\"{}\"}} {count}",
+                    escape(&v.model),
+                    v.version
+                );
+            }
+        }
         // Only models with weights: the label set stays the loaded versions of those.
         let weighted: Vec<_> = loaded.iter().filter(|v| v.config.ab.is_some()).collect();
         if !weighted.is_empty() {

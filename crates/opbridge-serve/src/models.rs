@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
+use opbridge_ops::hybrid::Route;
 use opbridge_ops::plugin::Library;
 use opbridge_ops::{AttrValue, Entry, Registry};
 use opbridge_runtime::{DeviceContext, DeviceId};
@@ -49,6 +50,9 @@ pub struct Stats {
     pub ab_routed: AtomicU64,
     /// Executions by batch size (Triton's `batch_stats`).
     pub batches: Mutex<BTreeMap<usize, BatchStats>>,
+    /// Executions by where they ran: `host`, or a device's name (`ascend:0`): the metrics'
+    /// `path` label (a `device = "auto"` model's calibrated route).
+    pub paths: Mutex<BTreeMap<String, u64>>,
 }
 
 /// How long one request, or one execution, spent in each phase.
@@ -83,15 +87,24 @@ impl Stats {
         self.last_inference_ms.store(now_ms, Ordering::Relaxed);
     }
 
-    /// One execution of the model (one kernel launch) over a batch of `batch_size`.
-    pub fn execution(&self, times: &Times, batch_size: usize) {
+    /// One execution of the model (one kernel launch) over a batch of `batch_size`, on `path`.
+    pub fn execution(&self, times: &Times, batch_size: usize, path: Route) {
         self.execution_count.fetch_add(1, Ordering::Relaxed);
-        let mut batches = self.batches.lock().unwrap_or_else(|p| p.into_inner());
-        let entry = batches.entry(batch_size).or_default();
-        entry.count += 1;
-        entry.input_ns += times.input_ns;
-        entry.infer_ns += times.infer_ns;
-        entry.output_ns += times.output_ns;
+        {
+            let mut batches = self.batches.lock().unwrap_or_else(|p| p.into_inner());
+            let entry = batches.entry(batch_size).or_default();
+            entry.count += 1;
+            entry.input_ns += times.input_ns;
+            entry.infer_ns += times.infer_ns;
+            entry.output_ns += times.output_ns;
+        }
+        let mut paths = self.paths.lock().unwrap_or_else(|p| p.into_inner());
+        match paths.get_mut(path.label_str().as_ref()) {
+            Some(count) => *count += 1,
+            None => {
+                paths.insert(path.label(), 1);
+            }
+        }
     }
 }
 
@@ -121,7 +134,11 @@ pub struct ModelVersion {
     pub entry: Arc<Entry>,
     /// Attributes the model fixes (an alias model); requests may not set them.
     pub fixed: Vec<(String, AttrValue)>,
+    /// Where the model's tensors live (the host for a `device = "auto"` model).
     pub device: DeviceId,
+    /// `device = "auto"`: each request runs on the host or is staged through the device whose
+    /// calibrated crossover its size reaches (`opbridge_ops::hybrid`).
+    pub auto: bool,
     /// Whether requests run the op's CPU kernel on the compute worker itself (a CPU model of an
     /// op that has one): decided once here, not per request.
     pub runs_on_worker: bool,
@@ -144,6 +161,14 @@ impl ModelVersion {
     /// server-wide `limit`.
     pub fn request_limit(&self, limit: usize) -> usize {
         self.config.max_request_bytes.map_or(limit, |own| own.min(limit))
+    }
+
+    /// Where the model's calls run when no route is chosen per request.
+    pub fn path(&self) -> Route {
+        match self.device.kind {
+            opbridge_runtime::DeviceKind::Cpu => Route::Host,
+            _ => Route::Device(self.device),
+        }
     }
 }
 
@@ -538,13 +563,36 @@ impl Models {
         started: Instant,
     ) -> Result<Arc<ModelVersion>> {
         let ServedOp { entry, fixed, library } = op;
-        let device = match &config.device {
-            None => DeviceId::CPU,
-            Some(text) => DeviceId::parse(text)
-                .ok_or_else(|| ServeError::invalid(format!("device {text:?} is not a device name (like \"cpu:0\")")))?,
+        let (device, auto) = match config.device.as_deref() {
+            None => (DeviceId::CPU, false),
+            Some("auto") => (DeviceId::CPU, true),
+            Some(text) => (
+                DeviceId::parse(text).ok_or_else(|| {
+                    ServeError::invalid(format!("device {text:?} is not a device name (like \"cpu:0\") or \"auto\""))
+                })?,
+                false,
+            ),
         };
         let ctx = DeviceContext::get(device)
             .map_err(|e| ServeError::invalid(format!("device {device} is not available: {e}")))?;
+        let schema = entry.schema();
+        if !entry.devices().contains(&device.kind) {
+            let has: Vec<&str> = entry.devices().iter().map(|d| d.name()).collect();
+            return Err(ServeError::invalid(format!(
+                "operator '{}' version {} has no kernel on {device}; it has kernels for: {}",
+                schema.name,
+                schema.version,
+                has.join(", ")
+            )));
+        }
+        if auto && (entry.op.lane().is_none() || config.dynamic_batching.is_some()) {
+            return Err(ServeError::invalid(format!(
+                "device = \"auto\" routes each request of an elementwise operator without [dynamic_batching] to \
+                 the host or through a device by the calibrated crossover; '{}' {}: name a device instead",
+                schema.name,
+                if entry.op.lane().is_none() { "is not elementwise" } else { "batches" }
+            )));
+        }
         let label = format!("model '{name}' version {version}");
         let queue = config.max_queue_size.unwrap_or(self.exec.queue);
         let batching = match &config.dynamic_batching {
@@ -571,6 +619,7 @@ impl Models {
             entry,
             fixed,
             device,
+            auto,
             runs_on_worker,
             config: Arc::clone(config),
             executor,

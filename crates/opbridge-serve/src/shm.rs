@@ -291,7 +291,7 @@ pub(crate) fn run_alone(
     let input_ns = checked.started.elapsed().as_nanos() as u64;
     let started = Instant::now();
     let results = if model.runs_on_worker && dtypes_planned && aligned {
-        run_in_place(model, &checked, &shm, alloc)?
+        run_in_place(model, &checked, &shm, stream, alloc)?
     } else {
         run_copied(model, &checked, &shm, stream, alloc)?
     };
@@ -308,7 +308,7 @@ pub(crate) fn run_alone(
     for (k, (result, slice)) in results.into_iter().zip(shm.outputs).enumerate() {
         let Some(binary) = checked.wanted[k] else { continue };
         match (result, slice) {
-            (Some(tensor), _) => outputs.push(infer::output(model, k, tensor, binary)?),
+            (Some(tensor), _) => outputs.push(infer::output(model, k, infer::host_bytes(tensor, stream)?, binary)),
             (None, slice) => {
                 let meta = &plan.outputs[k];
                 outputs.push(Output {
@@ -324,22 +324,26 @@ pub(crate) fn run_alone(
     }
     let times = Times { queue_ns, input_ns, infer_ns, output_ns: encoding.elapsed().as_nanos() as u64 };
     model.stats.request(&times, inferences);
-    model.stats.execution(&times, inferences as usize);
+    model.stats.execution(&times, inferences as usize, model.path());
     Ok(outputs)
 }
 
-/// A pooled tensor holding an input: its bytes from the request, or copied from its slice.
-fn load(input: &CheckedInput, slice: Option<&ShmSlice>, alloc: &dyn opbridge_runtime::Allocate) -> Result<Tensor> {
-    let mut tensor = Tensor::empty_in(alloc, &input.shape, input.dtype, StreamId::HOST)?;
+/// A pooled tensor holding an input: its bytes from the request, or copied from its slice (to
+/// an accelerator on `stream`).
+fn load(
+    input: &CheckedInput,
+    slice: Option<&ShmSlice>,
+    alloc: &dyn opbridge_runtime::Allocate,
+    stream: &opbridge_runtime::Stream,
+) -> Result<Tensor> {
     match slice {
-        None => tensor.write_from_host(&input.bytes)?,
+        None => infer::tensor_from_bytes(alloc, &input.shape, input.dtype, &input.bytes, stream),
         Some(slice) => {
             let mut bytes = vec![0u8; slice.size];
             slice.region.mapping.read(slice.at(), &mut bytes).map_err(|e| slice.region.truncated(e))?;
-            tensor.write_from_host(&bytes)?;
+            infer::tensor_from_bytes(alloc, &input.shape, input.dtype, &bytes, stream)
         }
     }
-    Ok(tensor)
 }
 
 /// The kernel reads and writes the regions themselves (`None`: an output written there).
@@ -347,6 +351,7 @@ fn run_in_place(
     model: &ModelVersion,
     checked: &Checked,
     shm: &ShmUse,
+    stream: &opbridge_runtime::Stream,
     alloc: &dyn opbridge_runtime::Allocate,
 ) -> Result<Vec<Option<Tensor>>> {
     let loaded: Vec<Option<Tensor>> = checked
@@ -354,7 +359,7 @@ fn run_in_place(
         .iter()
         .zip(&shm.inputs)
         .map(|(input, slice)| match (input, slice) {
-            (Some(input), None) => load(input, None, alloc).map(Some),
+            (Some(input), None) => load(input, None, alloc, stream).map(Some),
             _ => Ok(None),
         })
         .collect::<Result<_>>()?;
@@ -404,7 +409,9 @@ fn run_copied(
         .inputs
         .iter()
         .zip(&shm.inputs)
-        .map(|(input, slice)| input.as_ref().map(|input| load(input, slice.as_ref(), alloc).map(Arc::new)).transpose())
+        .map(|(input, slice)| {
+            input.as_ref().map(|input| load(input, slice.as_ref(), alloc, stream).map(Arc::new)).transpose()
+        })
         .collect::<Result<_>>()?;
     let results = infer::compute(model, &checked.attrs, &checked.plan, &inputs, stream, alloc)?;
     results
@@ -412,7 +419,7 @@ fn run_copied(
         .zip(&shm.outputs)
         .map(|(tensor, slice)| {
             let Some(slice) = slice else { return Ok(Some(tensor)) };
-            let data = tensor.into_host_bytes().map_err(|failed| ServeError::from(failed.1))?;
+            let data = infer::host_bytes(tensor, stream)?;
             slice.region.mapping.write(slice.at(), data.as_ref()).map_err(|e| slice.region.truncated(e))?;
             Ok(None)
         })
