@@ -9,6 +9,7 @@
 //! driver.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{OnceLock, RwLock};
 
 use opbridge_runtime::backend::DeviceReport;
@@ -58,6 +59,24 @@ impl Route {
 struct Table {
     /// Crossovers by operator name.
     by_op: HashMap<String, Vec<Crossover>>,
+}
+
+/// Per dtype (in `DType::ALL`'s order), the smallest crossover of any operator: a call below it
+/// goes to the host after one atomic load, without the table's lock or a hash of the op's name
+/// (what keeps `device="auto"` as cheap as the host path on small calls). `usize::MAX`: none.
+static FLOOR: [AtomicUsize; 5] = [const { AtomicUsize::new(usize::MAX) }; 5];
+
+fn floor_slot(dtype: DType) -> &'static AtomicUsize {
+    let at = DType::ALL.iter().position(|&d| d == dtype).unwrap_or(0);
+    &FLOOR[at]
+}
+
+/// Recomputes [`FLOOR`] from the table (under its write lock, so floors never lag an entry).
+fn refresh_floors(table: &Table) {
+    for dtype in DType::ALL {
+        let min = table.by_op.values().flatten().filter(|c| c.dtype == dtype).filter_map(|c| c.elems).min();
+        floor_slot(dtype).store(min.unwrap_or(usize::MAX), Ordering::Release);
+    }
 }
 
 fn table() -> &'static RwLock<Table> {
@@ -112,13 +131,17 @@ pub fn set(op: &str, crossover: Crossover) {
     let entries = table.by_op.entry(op.to_string()).or_default();
     entries.retain(|c| !(c.device == crossover.device && c.dtype == crossover.dtype));
     entries.push(crossover);
+    refresh_floors(&table);
     drop(table);
     seen().write().unwrap_or_else(|p| p.into_inner()).clear();
 }
 
 /// Forgets every crossover (calls with `device="auto"` then stay on the host).
 pub fn clear() {
-    table().write().unwrap_or_else(|p| p.into_inner()).by_op.clear();
+    let mut table = table().write().unwrap_or_else(|p| p.into_inner());
+    table.by_op.clear();
+    refresh_floors(&table);
+    drop(table);
     seen().write().unwrap_or_else(|p| p.into_inner()).clear();
 }
 
@@ -135,6 +158,9 @@ pub fn entries() -> Vec<(String, Crossover)> {
 /// crossover is the lowest one at or below `elems`, else the host. Costs a table lookup on
 /// the host path (no allocation); the device's identity is asked once per device.
 pub fn route(op: &str, dtype: DType, elems: usize) -> Route {
+    if elems < floor_slot(dtype).load(Ordering::Acquire) {
+        return Route::Host; // below every crossover of this dtype (or none measured)
+    }
     let reachable: smallvec::SmallVec<[Crossover; 2]> = {
         let table = table().read().unwrap_or_else(|p| p.into_inner());
         let Some(list) = table.by_op.get(op) else { return Route::Host };

@@ -17,7 +17,7 @@ use opbridge_runtime::{DType, DeviceContext, DeviceId, Stream, StreamId, Tensor}
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedStr;
-use pyo3::types::{PyDict, PyList, PyTuple};
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 
 use smallvec::SmallVec;
 
@@ -1117,9 +1117,11 @@ impl PyOp {
             return dispatch_call(py, entry, call, out).map(Some);
         }
         let name = &entry.schema().name;
-        let device: PyBackedStr = device
-            .extract()
+        let device = device
+            .cast::<PyString>()
             .map_err(|_| argument_error(format!("{name}: device= takes a device name (\"ascend:0\") or \"auto\"")))?;
+        // A literal "auto" is the interned string: found by its address, without decoding it.
+        let device: &str = if device.is(pyo3::intern!(py, "auto")) { "auto" } else { device.to_str()? };
         // The inputs: the positional arguments when that is all there is (no binding needed).
         let call = match kwargs {
             None if args.len() == entry.schema().inputs.len() => None,
@@ -1130,7 +1132,7 @@ impl PyOp {
             Some(call) => call.inputs.iter().flatten().cloned().collect(),
         };
         let refs: Few<&Bound<'py, PyAny>> = inputs.iter().collect();
-        let Route::Device(target) = numpy_route(entry, &refs, out, &device)? else { return Ok(None) };
+        let Route::Device(target) = numpy_route(entry, &refs, out, device)? else { return Ok(None) };
         let call = match call {
             Some(call) => call,
             None => bind(entry, args, kwargs)?,
