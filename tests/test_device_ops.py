@@ -148,6 +148,35 @@ def test_layer_norm_matches_the_host(device: str, params: str, dtype: str, rng) 
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("weight", [True, False])
+@pytest.mark.parametrize("shape", [(3, 4, 16), (5, 1), (2, 0, 8)])
+def test_rms_norm_matches_the_host(device: str, weight: bool, dtype: str, shape, rng) -> None:
+    x = (rng.standard_normal(shape) * 5).astype(dtype)
+    w = rng.standard_normal(shape[-1]).astype(dtype) if weight else None
+    got = ob.ops.rms_norm(ob.asarray(x, device=device), None if w is None else ob.asarray(w, device=device), eps=1e-3)
+    want = ob.ops.rms_norm(x, w, eps=1e-3)
+    tol = {"float16": 4e-3, "float32": 2e-5}[dtype]
+    assert got.dtype == dtype and got.shape == shape
+    np.testing.assert_allclose(got.numpy(), want, rtol=tol, atol=tol)
+    # A float32 weight for a float16 x is converted on the device first, as on the host.
+    if weight and dtype == "float16":
+        w32 = ob.asarray(w.astype(np.float32), device=device)
+        np.testing.assert_allclose(
+            ob.ops.rms_norm(ob.asarray(x, device=device), w32, eps=1e-3).numpy(), want, rtol=tol, atol=tol
+        )
+
+
+def test_rms_norm_in_float64_names_what_the_device_takes(device: str) -> None:
+    x = np.linspace(-3, 3, 12).reshape(3, 4)
+    t = ob.asarray(x, device=device)
+    if device.startswith("ascend"):
+        with pytest.raises(ob.DeviceError, match="aclnnRmsNorm"):
+            ob.ops.rms_norm(t).numpy()  # CANN's RmsNorm has no DOUBLE kernel
+    else:
+        np.testing.assert_allclose(ob.ops.rms_norm(t).numpy(), ob.ops.rms_norm(x))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 def test_gelu_matches_the_host(device: str, approximate: str, dtype: str, rng) -> None:
     x = (rng.standard_normal((6, 50)) * 3).astype(dtype)
@@ -176,3 +205,36 @@ def test_axpy_matches_the_host(device: str, alpha: float, dtype: str, rng) -> No
     tol = {"float16": 4e-3, "float32": 1e-6, "float64": 1e-14}[dtype]
     assert got.dtype == want.dtype and got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol * 10)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+@pytest.mark.parametrize("index_dtype", ["int32", "int64"])
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_embedding_bag_matches_the_host(device: str, mode: str, index_dtype: str, dtype: str, rng) -> None:
+    weight = rng.standard_normal((20, 6)).astype(dtype)
+    weight[7, 2] = np.nan  # max propagates NaN, as the host kernel does
+    indices = rng.integers(0, 20, size=17).astype(index_dtype)
+    indices[:2] = 7
+    offsets = np.array([0, 3, 3, 9, 16], index_dtype)  # an empty bag, a bag of one
+    got = ob.ops.embedding_bag(*(ob.asarray(v, device=device) for v in (weight, indices, offsets)), mode=mode)
+    want = ob.ops.embedding_bag(weight, indices, offsets, mode=mode)
+    assert got.dtype == dtype and got.shape == (5, 6)
+    tol = {"float16": 2e-3, "float32": 1e-6, "float64": 1e-12}[dtype]
+    np.testing.assert_allclose(got.numpy(), want, rtol=tol, atol=tol)
+    np.testing.assert_array_equal(np.isnan(got.numpy()), np.isnan(want))
+
+
+def test_embedding_bag_with_a_bad_index_fails_on_either_device(device: str) -> None:
+    """A bad index never reads out of bounds: on the host the kernel checks every index before
+    reading a row; on the device the check is the kernel's, as CANN's. Either way the launch
+    fails and the stream reports it, naming the index or the operator; the stream works again."""
+    weight, offsets = np.ones((5, 2), np.float32), np.array([0], np.int64)
+    on = [ob.asarray(v, device=device) for v in (weight, np.array([0, 5], np.int64), offsets)]
+    with pytest.raises(ob.OpBridgeError, match="out of range|aclnnEmbeddingBag"):
+        ob.ops.embedding_bag(*on).numpy()
+    try:  # the stream's own report of the failure, where the read did not take it already
+        ob.synchronize(device)
+    except ob.OpBridgeError as e:
+        assert "out of range" in str(e) or "aclnnEmbeddingBag" in str(e)
+    good = [ob.asarray(v, device=device) for v in (weight, np.array([0, 4], np.int64), offsets)]
+    np.testing.assert_array_equal(ob.ops.embedding_bag(*good).numpy(), [[2, 2]])

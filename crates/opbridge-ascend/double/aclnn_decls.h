@@ -125,6 +125,19 @@ ACLNN_API aclnnStatus aclnnLayerNormGetWorkspaceSize(const aclTensor *input, con
                                                      double eps, aclTensor *out, aclTensor *meanOutOptional,
                                                      aclTensor *rstdOutOptional, ACLNN_PHASE1_OUT);
 ACLNN_PHASE2(aclnnLayerNorm);
+/* aclnn_rms_norm.h: y = x * rstd * gamma over gamma's trailing dims; rstdOut float32, x's shape with
+ * those dims 1 */
+ACLNN_API aclnnStatus aclnnRmsNormGetWorkspaceSize(const aclTensor *x, const aclTensor *gamma, double epsilon,
+                                                   const aclTensor *yOut, const aclTensor *rstdOut, ACLNN_PHASE1_OUT);
+ACLNN_PHASE2(aclnnRmsNorm);
+/* aclnn_embedding_bag.h (mode 0 sum, 1 mean, 2 max) */
+ACLNN_API aclnnStatus aclnnEmbeddingBagGetWorkspaceSize(const aclTensor *weight, const aclTensor *indices,
+                                                        const aclTensor *offsets, bool scaleGradByFreq, int64_t mode,
+                                                        bool sparse, const aclTensor *perSampleWeights,
+                                                        bool includeLastOffset, int64_t paddingIdx, aclTensor *output,
+                                                        aclTensor *offset2bag, aclTensor *bagSize,
+                                                        aclTensor *maxIndices, ACLNN_PHASE1_OUT);
+ACLNN_PHASE2(aclnnEmbeddingBag);
 /* unary: aclnnXxxGetWorkspaceSize(const aclTensor *self, aclTensor *out, ...) */
 #define ACLNN_UNARY(Name)                                                                                        \
     ACLNN_API aclnnStatus aclnn##Name##GetWorkspaceSize(const aclTensor *self, aclTensor *out, ACLNN_PHASE1_OUT); \
@@ -155,6 +168,7 @@ ACLNN_UNARY(Silu);
 
 /* ---- internal interface between libnnopbase.so and the op libraries (double only) ---- */
 #define ACLNN_DOUBLE_MAX_DIMS 8
+#define ACLDOUBLE_MAX_TENSORS 8
 
 typedef struct {
     int dtype;
@@ -177,13 +191,17 @@ enum { ACLDOUBLE_OP_ADD = 1, ACLDOUBLE_OP_SUB, ACLDOUBLE_OP_MUL, ACLDOUBLE_OP_DI
        /* (input, weight?, bias?, out) over the trailing alpha_i dims, eps in alpha_f */
        ACLDOUBLE_OP_LAYER_NORM,
        /* unary with approximate (alpha_i: 0 erf, 1 tanh): (self, out) */
-       ACLDOUBLE_OP_GELU };
+       ACLDOUBLE_OP_GELU,
+       /* (x, gamma, y, rstd) over gamma's alpha_i trailing dims, eps in alpha_f */
+       ACLDOUBLE_OP_RMS_NORM,
+       /* (weight, indices, offsets, output, offset2bag, bagSize, maxIndices), mode in alpha_i */
+       ACLDOUBLE_OP_EMBEDDING_BAG };
 
 typedef struct {
     int op;
     const char *name; /* phase-2 name, e.g. "aclnnAdd" (static storage) */
-    int ntensors;     /* inputs first, output last */
-    acldoubleTensorDesc t[4];
+    int ntensors;     /* inputs first, output last (embedding_bag: its four outputs last) */
+    acldoubleTensorDesc t[ACLDOUBLE_MAX_TENSORS];
     double alpha_f;
     int64_t alpha_i;
     uint64_t workspace_size;

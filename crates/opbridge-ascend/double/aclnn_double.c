@@ -670,7 +670,7 @@ static void convert(char *dst, int ddt, const char *src, int sdt) {
 /* ------------------------------------------------------------------ kernels */
 typedef struct {
     acldoubleOpDesc d;
-    char *view[4]; /* worker view of each tensor's first element (offset applied) */
+    char *view[ACLDOUBLE_MAX_TENSORS]; /* worker view of each tensor's first element (offset applied) */
     char *ws;
     int inject_fail;
 } task_t;
@@ -1130,6 +1130,90 @@ static int run_layer_norm(task_t *t) {
     return 0;
 }
 
+/* rms norm over gamma's alpha_i trailing dims: y = x / sqrt(mean(x^2) + eps) * gamma, in double;
+ * rstd (float32) per row */
+static int run_rms_norm(task_t *t) {
+    const acldoubleOpDesc *d = &t->d;
+    const acldoubleTensorDesc *x = &d->t[0], *g = &d->t[1], *y = &d->t[2], *r = &d->t[3];
+    uint64_t n = numel(x), inner = numel(g);
+    if (n == 0 || inner == 0) return 0;
+    int xs = acldoubleNnDtypeSize(x->dtype), gs = acldoubleNnDtypeSize(g->dtype);
+    int ys = acldoubleNnDtypeSize(y->dtype), rs = acldoubleNnDtypeSize(r->dtype);
+    for (uint64_t row = 0; row < n / inner; row++) {
+        double square = 0;
+        for (uint64_t j = 0; j < inner; j++) {
+            double v = ld_f(t->view[0] + offset_of(x, row * inner + j) * xs, x->dtype);
+            square += v * v;
+        }
+        double rstd = 1.0 / sqrt(square / (double)inner + d->alpha_f);
+        st_f(t->view[3] + offset_of(r, row) * rs, r->dtype, rstd);
+        for (uint64_t j = 0; j < inner; j++) {
+            double v = ld_f(t->view[0] + offset_of(x, row * inner + j) * xs, x->dtype) * rstd;
+            v *= ld_f(t->view[1] + offset_of(g, j) * gs, g->dtype);
+            st_f(t->view[2] + offset_of(y, row * inner + j) * ys, y->dtype, v);
+        }
+    }
+    return 0;
+}
+
+/* embedding bag (include_last_offset false, no per-sample weights, padding_idx -1): bag b sums,
+ * averages or maxes (NaN propagating) the weight rows indices[offsets[b] .. offsets[b+1]); empty
+ * bags are zeros. Like CANN's kernel, a bad index or offset is a device fault (the launch fails,
+ * reported by the stream), found before any output is written. */
+static int run_embedding_bag(task_t *t) {
+    const acldoubleOpDesc *d = &t->d;
+    const acldoubleTensorDesc *w = &d->t[0], *ix = &d->t[1], *of = &d->t[2], *o = &d->t[3];
+    const acldoubleTensorDesc *o2b = &d->t[4], *bs = &d->t[5], *mi = &d->t[6];
+    int64_t rows = w->dims[0], dim = w->dims[1], nidx = ix->dims[0], nbags = of->dims[0];
+    int wsz = acldoubleNnDtypeSize(w->dtype), isz = acldoubleNnDtypeSize(ix->dtype);
+    int fsz = acldoubleNnDtypeSize(of->dtype), osz = acldoubleNnDtypeSize(o->dtype);
+    int o2bsz = acldoubleNnDtypeSize(o2b->dtype), bssz = acldoubleNnDtypeSize(bs->dtype);
+    int misz = acldoubleNnDtypeSize(mi->dtype);
+    for (int64_t b = 0; b < nbags; b++) {
+        int64_t start = ld_i(t->view[2] + offset_of(of, (uint64_t)b) * fsz, of->dtype);
+        int64_t end = b + 1 < nbags ? ld_i(t->view[2] + offset_of(of, (uint64_t)b + 1) * fsz, of->dtype) : nidx;
+        if (start < 0 || start > end || end > nidx || (b == 0 && start != 0)) {
+            fprintf(stderr, "acldouble aclnn: aclnnEmbeddingBag kernel: offsets[%lld] = %lld is out of order or range\n",
+                    (long long)b, (long long)start);
+            return 1;
+        }
+    }
+    for (int64_t i = 0; i < nidx; i++) {
+        int64_t r = ld_i(t->view[1] + offset_of(ix, (uint64_t)i) * isz, ix->dtype);
+        if (r < 0 || r >= rows) {
+            fprintf(stderr, "acldouble aclnn: aclnnEmbeddingBag kernel: indices[%lld] = %lld is out of range [0, %lld)\n",
+                    (long long)i, (long long)r, (long long)rows);
+            return 1;
+        }
+    }
+    for (int64_t b = 0; b < nbags; b++) {
+        int64_t start = ld_i(t->view[2] + offset_of(of, (uint64_t)b) * fsz, of->dtype);
+        int64_t end = b + 1 < nbags ? ld_i(t->view[2] + offset_of(of, (uint64_t)b + 1) * fsz, of->dtype) : nidx;
+        if (t->view[5]) st_i(t->view[5] + offset_of(bs, (uint64_t)b) * bssz, bs->dtype, end - start);
+        for (int64_t i = start; t->view[4] && i < end; i++)
+            st_i(t->view[4] + offset_of(o2b, (uint64_t)i) * o2bsz, o2b->dtype, b);
+        for (int64_t j = 0; j < dim; j++) {
+            double acc = d->alpha_i == 2 ? -INFINITY : 0;
+            int64_t arg = -1;
+            for (int64_t i = start; i < end; i++) {
+                int64_t r = ld_i(t->view[1] + offset_of(ix, (uint64_t)i) * isz, ix->dtype);
+                double v = ld_f(t->view[0] + offset_of(w, (uint64_t)(r * dim + j)) * wsz, w->dtype);
+                if (d->alpha_i != 2) {
+                    acc += v;
+                } else if (!isnan(acc) && (v > acc || isnan(v))) {
+                    acc = v;
+                    arg = r;
+                }
+            }
+            if (end == start) acc = 0;
+            else if (d->alpha_i == 1) acc /= (double)(end - start);
+            st_f(t->view[3] + offset_of(o, (uint64_t)(b * dim + j)) * osz, o->dtype, acc);
+            if (d->alpha_i == 2 && t->view[6]) st_i(t->view[6] + offset_of(mi, (uint64_t)(b * dim + j)) * misz, mi->dtype, arg);
+        }
+    }
+    return 0;
+}
+
 static int task_run(void *ctx) {
     task_t *t = ctx;
     const acldoubleOpDesc *d = &t->d;
@@ -1137,7 +1221,6 @@ static int task_run(void *ctx) {
         fprintf(stderr, "acldouble aclnn: %s kernel failed (injected by ACLDOUBLE_FAIL)\n", d->name);
         return 1;
     }
-    static const char *role[4] = {"input 0", "input 1", "input 2", "output"};
     uint64_t bytes = 0;
     for (int k = 0; k < d->ntensors; k++) {
         const acldoubleTensorDesc *td = &d->t[k];
@@ -1152,9 +1235,9 @@ static int task_run(void *ctx) {
         t->view[k] = acldouble_device_view(first, (size_t)span);
         if (!t->view[k]) {
             fprintf(stderr,
-                    "acldouble aclnn: %s kernel: %s range [%p, +%lld bytes) is not inside a live device allocation "
-                    "(use after free or out-of-bounds descriptor)\n",
-                    d->name, k == d->ntensors - 1 ? role[3] : role[k], (void *)first, (long long)span);
+                    "acldouble aclnn: %s kernel: tensor %d of %d range [%p, +%lld bytes) is not inside a live "
+                    "device allocation (use after free or out-of-bounds descriptor)\n",
+                    d->name, k, d->ntensors, (void *)first, (long long)span);
             return 1;
         }
         bytes += numel(td) * (uint64_t)isz;
@@ -1171,6 +1254,8 @@ static int task_run(void *ctx) {
     int rc = d->op == ACLDOUBLE_OP_MATMUL ? (numel(&d->t[2]) ? run_matmul(t) : 0)
              : d->op == ACLDOUBLE_OP_GELU       ? run_elementwise(t)
              : d->op == ACLDOUBLE_OP_LAYER_NORM ? run_layer_norm(t)
+             : d->op == ACLDOUBLE_OP_RMS_NORM   ? run_rms_norm(t)
+             : d->op == ACLDOUBLE_OP_EMBEDDING_BAG ? run_embedding_bag(t)
              : d->op >= ACLDOUBLE_OP_SUM     ? run_reduce(t)
              : d->op >= ACLDOUBLE_OP_SOFTMAX ? run_softmax(t)
                                               : run_elementwise(t);

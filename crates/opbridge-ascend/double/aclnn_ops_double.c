@@ -600,4 +600,105 @@ aclnnStatus aclnnMatmulGetWorkspaceSize(const aclTensor *self, const aclTensor *
 aclnnStatus aclnnMatmul(void *workspace, uint64_t workspaceSize, aclOpExecutor *executor, aclrtStream stream) {
     return acldoubleNnRun("aclnnMatmul", workspace, workspaceSize, executor, stream);
 }
+
+aclnnStatus aclnnRmsNormGetWorkspaceSize(const aclTensor *x, const aclTensor *gamma, double epsilon,
+                                         const aclTensor *yOut, const aclTensor *rstdOut, uint64_t *workspaceSize,
+                                         aclOpExecutor **executor) {
+    static const char *F = "aclnnRmsNormGetWorkspaceSize";
+    int rc = enter(F, workspaceSize, executor);
+    if (rc) return rc;
+    acldoubleOpDesc d;
+    memset(&d, 0, sizeof d);
+    d.op = ACLDOUBLE_OP_RMS_NORM;
+    d.name = "aclnnRmsNorm";
+    d.ntensors = 4;
+    d.alpha_f = epsilon;
+    if ((rc = get(F, "x", x, &d.t[0])) || (rc = get(F, "gamma", gamma, &d.t[1])) || (rc = get(F, "yOut", yOut, &d.t[2])) ||
+        (rc = get(F, "rstdOut", rstdOut, &d.t[3])))
+        return rc;
+    const acldoubleTensorDesc *xd = &d.t[0], *g = &d.t[1], *y = &d.t[2], *r = &d.t[3];
+    int dt = xd->dtype;
+    uint64_t k = g->ndim;
+    /* Floating x, gamma and y of one dtype; gamma the trailing dims of x; y x's shape; rstd
+     * float32 with x's leading dims and 1 for each normalized one. */
+    int ok = (dt == ACL_FLOAT || dt == ACL_FLOAT16 || dt == ACL_BF16) && g->dtype == dt && y->dtype == dt;
+    ok = ok && r->dtype == ACL_FLOAT && k >= 1 && k <= xd->ndim && y->ndim == xd->ndim && r->ndim == xd->ndim;
+    for (uint64_t i = 0; ok && i < xd->ndim; i++) {
+        ok = y->dims[i] == xd->dims[i];
+        ok = ok && r->dims[i] == (i < xd->ndim - k ? xd->dims[i] : 1);
+    }
+    for (uint64_t i = 0; ok && i < k; i++) ok = g->dims[i] == xd->dims[xd->ndim - k + i];
+    if (!ok) {
+        char a[128], b[128];
+        shape_str(xd, a, sizeof a);
+        shape_str(g, b, sizeof b);
+        acldoubleNnSetError(ACLNN_ERR_PARAM_INVALID, F,
+                            "x %s (%s), gamma %s (%s), yOut and rstdOut do not agree (float16/bfloat16/float32 of one "
+                            "dtype, gamma the trailing dims of x, rstdOut float32 with those dims 1)",
+                            a, dtname(dt), b, dtname(g->dtype));
+        return ACLNN_ERR_PARAM_INVALID;
+    }
+    d.alpha_i = (int64_t)k;
+    return finish(F, &d, workspaceSize, executor);
+}
+
+aclnnStatus aclnnEmbeddingBagGetWorkspaceSize(const aclTensor *weight, const aclTensor *indices,
+                                              const aclTensor *offsets, bool scaleGradByFreq, int64_t mode,
+                                              bool sparse, const aclTensor *perSampleWeights, bool includeLastOffset,
+                                              int64_t paddingIdx, aclTensor *output, aclTensor *offset2bag,
+                                              aclTensor *bagSize, aclTensor *maxIndices, uint64_t *workspaceSize,
+                                              aclOpExecutor **executor) {
+    static const char *F = "aclnnEmbeddingBagGetWorkspaceSize";
+    int rc = enter(F, workspaceSize, executor);
+    if (rc) return rc;
+    if (scaleGradByFreq || sparse || perSampleWeights || includeLastOffset || paddingIdx != -1 || mode < 0 ||
+        mode > 2) {
+        acldoubleNnSetError(ACLNN_ERR_PARAM_INVALID, F,
+                            "the double supports mode 0..2 without scaleGradByFreq, sparse, perSampleWeights, "
+                            "includeLastOffset or a paddingIdx (got mode %lld, paddingIdx %lld)",
+                            (long long)mode, (long long)paddingIdx);
+        return ACLNN_ERR_PARAM_INVALID;
+    }
+    acldoubleOpDesc d;
+    memset(&d, 0, sizeof d);
+    d.op = ACLDOUBLE_OP_EMBEDDING_BAG;
+    d.name = "aclnnEmbeddingBag";
+    d.ntensors = 7;
+    d.alpha_i = mode;
+    const aclTensor *all[7] = {weight, indices, offsets, output, offset2bag, bagSize, maxIndices};
+    static const char *names[7] = {"weight", "indices", "offsets", "output", "offset2bag", "bagSize", "maxIndices"};
+    for (int k = 0; k < 7; k++)
+        if ((rc = get(F, names[k], all[k], &d.t[k]))) return rc;
+    const acldoubleTensorDesc *w = &d.t[0], *ix = &d.t[1], *of = &d.t[2], *o = &d.t[3];
+    int wdt = w->dtype, idt = ix->dtype;
+    int ok = (wdt == ACL_FLOAT || wdt == ACL_FLOAT16 || wdt == ACL_BF16 || wdt == ACL_DOUBLE) && o->dtype == wdt;
+    ok = ok && (idt == ACL_INT32 || idt == ACL_INT64) && (of->dtype == ACL_INT32 || of->dtype == ACL_INT64);
+    ok = ok && w->ndim == 2 && ix->ndim == 1 && of->ndim == 1 && o->ndim == 2;
+    ok = ok && o->dims[0] == of->dims[0] && o->dims[1] == w->dims[1];
+    ok = ok && d.t[4].ndim == 1 && d.t[4].dims[0] == ix->dims[0] && d.t[5].ndim == 1 && d.t[5].dims[0] == of->dims[0];
+    ok = ok && (mode == 2 ? d.t[6].ndim == 2 && d.t[6].dims[0] == of->dims[0] && d.t[6].dims[1] == w->dims[1]
+                          : d.t[6].ndim == 1 && d.t[6].dims[0] == of->dims[0]);
+    for (int k = 4; ok && k < 7; k++) ok = d.t[k].dtype == ACL_INT32 || d.t[k].dtype == ACL_INT64;
+    if (!ok) {
+        char a[128], b[128], c[128];
+        shape_str(w, a, sizeof a);
+        shape_str(ix, b, sizeof b);
+        shape_str(of, c, sizeof c);
+        acldoubleNnSetError(ACLNN_ERR_PARAM_INVALID, F,
+                            "weight %s (%s), indices %s (%s), offsets %s and the outputs do not agree (2-D floating "
+                            "weight, 1-D int32/int64 indices and offsets, output (bags, dim) of weight's dtype, "
+                            "offset2bag (indices), bagSize (bags), maxIndices (bags) or (bags, dim) for max)",
+                            a, dtname(wdt), b, dtname(idt), c);
+        return ACLNN_ERR_PARAM_INVALID;
+    }
+    return finish(F, &d, workspaceSize, executor);
+}
+
+aclnnStatus aclnnEmbeddingBag(void *workspace, uint64_t workspaceSize, aclOpExecutor *executor, aclrtStream stream) {
+    return acldoubleNnRun("aclnnEmbeddingBag", workspace, workspaceSize, executor, stream);
+}
+
+aclnnStatus aclnnRmsNorm(void *workspace, uint64_t workspaceSize, aclOpExecutor *executor, aclrtStream stream) {
+    return acldoubleNnRun("aclnnRmsNorm", workspace, workspaceSize, executor, stream);
+}
 #endif /* ACLDOUBLE_OPAPI_NN */

@@ -102,6 +102,35 @@ pub type LayerNormPhase1 = unsafe extern "C" fn(
     size: *mut u64,
     executor: *mut *mut Executor,
 ) -> AclStatus;
+/// `aclnnRmsNormGetWorkspaceSize`: `(x, gamma, epsilon, yOut, rstdOut, ...)`.
+pub type RmsNormPhase1 = unsafe extern "C" fn(
+    x: *const AclTensor,
+    gamma: *const AclTensor,
+    epsilon: f64,
+    y_out: *mut AclTensor,
+    rstd_out: *mut AclTensor,
+    size: *mut u64,
+    executor: *mut *mut Executor,
+) -> AclStatus;
+/// `aclnnEmbeddingBagGetWorkspaceSize`: `(weight, indices, offsets, scaleGradByFreq, mode, sparse,
+/// perSampleWeights?, includeLastOffset, paddingIdx, output, offset2bag, bagSize, maxIndices, ...)`.
+pub type EmbeddingBagPhase1 = unsafe extern "C" fn(
+    weight: *const AclTensor,
+    indices: *const AclTensor,
+    offsets: *const AclTensor,
+    scale_grad_by_freq: bool,
+    mode: i64,
+    sparse: bool,
+    per_sample_weights: *const AclTensor,
+    include_last_offset: bool,
+    padding_idx: i64,
+    output: *mut AclTensor,
+    offset2bag: *mut AclTensor,
+    bag_size: *mut AclTensor,
+    max_indices: *mut AclTensor,
+    size: *mut u64,
+    executor: *mut *mut Executor,
+) -> AclStatus;
 /// `aclnnAmaxGetWorkspaceSize` / `aclnnAminGetWorkspaceSize`: `(self, dim, keepDim, out, ...)`.
 pub type ReducePhase1 = unsafe extern "C" fn(
     a: *const AclTensor,
@@ -205,6 +234,8 @@ pub struct Aclnn {
     pub amin: Option<TwoPhase<ReducePhase1>>,
     pub argmax: Option<TwoPhase<ArgMaxPhase1>>,
     pub layer_norm: Option<TwoPhase<LayerNormPhase1>>,
+    pub rms_norm: Option<TwoPhase<RmsNormPhase1>>,
+    pub embedding_bag: Option<TwoPhase<EmbeddingBagPhase1>>,
     /// `(x, approximate, y)`: the shape of [`DimPhase1`].
     pub gelu: Option<TwoPhase<DimPhase1>>,
     create_int_array: Option<CreateIntArray>,
@@ -334,6 +365,8 @@ impl Aclnn {
             amin: two_phase!("aclnnAmin", ReducePhase1),
             argmax: two_phase!("aclnnArgMax", ArgMaxPhase1),
             layer_norm: two_phase!("aclnnLayerNorm", LayerNormPhase1),
+            rms_norm: two_phase!("aclnnRmsNorm", RmsNormPhase1),
+            embedding_bag: two_phase!("aclnnEmbeddingBag", EmbeddingBagPhase1),
             gelu: two_phase!("aclnnGeluV2", DimPhase1),
             // SAFETY: the prototypes of `aclnn/acl_meta.h`.
             create_int_array: unsafe { symbol::<CreateIntArray>(&libraries, "aclCreateIntArray") },

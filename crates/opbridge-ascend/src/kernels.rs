@@ -15,6 +15,8 @@
 //! | `max`, `min` | `aclnnAmax`, `aclnnAmin` |
 //! | `argmax` | `aclnnArgMax` (`axis` None: over the flat view of a contiguous input) |
 //! | `layer_norm` | `aclnnLayerNorm` (`normalizedShape` = the last axis; no mean / rstd outputs) |
+//! | `rms_norm` | `aclnnRmsNorm` (gamma = `weight`, or ones uploaded on the stream; `rstdOut` a scratch float32 tensor; float16 / float32, as CANN) |
+//! | `embedding_bag` | `aclnnEmbeddingBag` (mode 0 sum, 1 mean, 2 max; `offset2bag`, `bagSize`, `maxIndices` scratch; a bad index or offset fails the stream, as CANN's kernel does) |
 //! | `gelu` | `aclnnGeluV2` (`approximate` 0 = erf, 1 = tanh; float16 / float32, as CANN) |
 //! | `matmul` | `aclnnMatmul` (`cubeMathType` = KEEP_DTYPE: no silent precision loss) |
 //! | `neg`, `abs`, `exp`, `log`, `sqrt` | `aclnnNeg`, `aclnnAbs`, `aclnnExp`, `aclnnLog`, `aclnnSqrt` |
@@ -52,6 +54,8 @@ enum Kernel {
     Min,
     ArgMax,
     LayerNorm,
+    RmsNorm,
+    EmbeddingBag,
     Gelu,
     Axpy,
     Matmul,
@@ -60,7 +64,7 @@ enum Kernel {
 }
 
 /// Our operator names and their kernels (a static: the registry keeps `&'static` kernels).
-static KERNELS: [(&str, Kernel); 31] = [
+static KERNELS: [(&str, Kernel); 33] = [
     ("add", Kernel::Add),
     ("vector_add", Kernel::Add),
     ("sub", Kernel::Sub),
@@ -80,6 +84,8 @@ static KERNELS: [(&str, Kernel); 31] = [
     ("min", Kernel::Min),
     ("argmax", Kernel::ArgMax),
     ("layer_norm", Kernel::LayerNorm),
+    ("rms_norm", Kernel::RmsNorm),
+    ("embedding_bag", Kernel::EmbeddingBag),
     ("gelu", Kernel::Gelu),
     ("axpy", Kernel::Axpy),
     ("matmul", Kernel::Matmul),
@@ -334,6 +340,72 @@ impl DeviceKernel for Kernel {
                     )
                 })
             }
+            Kernel::RmsNorm => {
+                let op = aclnn.rms_norm.ok_or_else(|| missing("aclnnRmsNorm"))?;
+                let x = input(call, 0)?;
+                let eps = call.attrs.float("eps").map_err(attr_error(call))?;
+                let last = x.shape().last().copied().unwrap_or(1);
+                // gamma: the weight, or ones (aclnnRmsNorm has no optional gamma), uploaded on
+                // the stream from pinned memory; freed with this call, in stream order.
+                let ones;
+                let gamma = match call.inputs.get(1).copied().flatten() {
+                    Some(weight) => weight,
+                    None => {
+                        ones = Tensor::empty_in(call.alloc, &[last], x.dtype(), call.stream.id())?;
+                        ones.upload_async(call.stream, &ones_bytes(x.dtype(), last))?;
+                        &ones
+                    }
+                };
+                // rstdOut: float32, x's leading dims and 1 for the normalized one (scratch).
+                let mut rstd_shape = x.shape().to_vec();
+                if let Some(d) = rstd_shape.last_mut() {
+                    *d = 1;
+                }
+                let rstd = Tensor::empty_in(call.alloc, &rstd_shape, opbridge_runtime::DType::F32, call.stream.id())?;
+                let tensors = [x, gamma, out, &rstd];
+                // SAFETY: live descriptors and out-pointers, the prototype of aclnn_rms_norm.h.
+                launch((op.name, op.phase2), &tensors, None, 0, &mut |t, _, (size, exec)| unsafe {
+                    (op.phase1)(t[0], t[1], eps, t[2], t[3], size, exec)
+                })
+            }
+            Kernel::EmbeddingBag => {
+                let op = aclnn.embedding_bag.ok_or_else(|| missing("aclnnEmbeddingBag"))?;
+                let (weight, indices, offsets) = (input(call, 0)?, input(call, 1)?, input(call, 2)?);
+                let mode: i64 = match call.attrs.str("mode").map_err(attr_error(call))? {
+                    "mean" => 1,
+                    "max" => 2,
+                    _ => 0, // "sum" (the planning refused anything else)
+                };
+                // The kernel's other outputs, which opbridge's operator does not return: scratch,
+                // in the indices' dtype, freed with this call in stream order.
+                let (bags, dim) = (offsets.shape()[0], weight.shape()[1]);
+                let scratch = |shape: &[usize]| Tensor::empty_in(call.alloc, shape, indices.dtype(), call.stream.id());
+                let offset2bag = scratch(&[indices.shape()[0]])?;
+                let bag_size = scratch(&[bags])?;
+                let max_indices = if mode == 2 { scratch(&[bags, dim])? } else { scratch(&[bags])? };
+                let tensors = [weight, indices, offsets, out, &offset2bag, &bag_size, &max_indices];
+                // SAFETY: live descriptors and out-pointers, the prototype of aclnn_embedding_bag.h
+                // (no per-sample weights: null; paddingIdx -1: none, as ATen says).
+                launch((op.name, op.phase2), &tensors, None, mode, &mut |t, _, (size, exec)| unsafe {
+                    (op.phase1)(
+                        t[0],
+                        t[1],
+                        t[2],
+                        false,
+                        mode,
+                        false,
+                        std::ptr::null(),
+                        false,
+                        -1,
+                        t[3],
+                        t[4],
+                        t[5],
+                        t[6],
+                        size,
+                        exec,
+                    )
+                })
+            }
             Kernel::Gelu => {
                 let op = aclnn.gelu.ok_or_else(|| missing("aclnnGeluV2"))?;
                 let approximate = match call.attrs.str("approximate").map_err(attr_error(call))? {
@@ -391,9 +463,21 @@ impl Kernel {
                 | Kernel::Min
                 | Kernel::ArgMax
                 | Kernel::LayerNorm
+                | Kernel::RmsNorm
+                | Kernel::EmbeddingBag
                 | Kernel::Axpy
         )
     }
+}
+
+/// `n` ones of a floating `dtype`, as bytes (a default gamma).
+fn ones_bytes(dtype: opbridge_runtime::DType, n: usize) -> Vec<u8> {
+    let one: Vec<u8> = match dtype {
+        opbridge_runtime::DType::F16 => half::f16::ONE.to_le_bytes().to_vec(),
+        opbridge_runtime::DType::F64 => 1f64.to_le_bytes().to_vec(),
+        _ => 1f32.to_le_bytes().to_vec(),
+    };
+    one.repeat(n)
 }
 
 /// An attribute the operator's schema guarantees, mistyped: a device error naming the op.
