@@ -85,6 +85,20 @@ def test_the_device_measured_elsewhere_is_not_used() -> None:
     assert np.array_equal(ob.ops.add(a, a, device="auto"), a + a)
 
 
+def test_a_crossover_is_keyed_by_chip_library_and_runtime_version() -> None:
+    """A driver upgrade (same chip, same library path) is another device for the measurements."""
+    identity = ob._native.device_identity(DEV)
+    report = next(d for d in ob.devices() if d["name"] == DEV)
+    assert identity == f"{report['soc']} via {report['library']} (runtime {report['driver_version']})"
+    assert report["driver_version"] == "1.17.0"  # the double's aclrtGetVersion
+    a = np.ones(4096, np.float32)
+    older = identity.replace("(runtime 1.17.0)", "(runtime 1.16.2)")
+    ob._native.set_crossover("add", "float32", DEV, 1000, older)
+    assert ob.explain("add", a, a)["path"] == "host"
+    ob._native.set_crossover("add", "float32", DEV, 1000, identity)
+    assert ob.explain("add", a, a)["path"] == DEV
+
+
 def test_what_auto_keeps_on_the_host_is_explained() -> None:
     ob.set_crossover("add", "float32", 1)
     a = np.ones(64, np.float32)

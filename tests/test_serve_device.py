@@ -21,7 +21,7 @@ import opbridge as ob
 from conftest import ASCEND_LIB_DIR
 from test_plugin_devices import example_plugin  # noqa: F401 (a fixture)
 from test_serve import Served, start_server, stop_server
-from test_serve_repository import write_config
+from test_serve_repository import add_version, write_config
 
 pytestmark = [
     pytest.mark.skipif(ASCEND_LIB_DIR is None, reason="the Ascend test double could not be built"),
@@ -126,9 +126,11 @@ def test_auto_routes_by_the_calibrated_crossover(tmp_path: Path, example_plugin:
         stop_server(served)
 
 
-def test_device_configs_that_cannot_work_are_load_errors(tmp_path: Path) -> None:
+def test_device_configs_that_cannot_work_are_load_errors(tmp_path: Path, libraries: dict[str, Path]) -> None:
     repo = tmp_path / "models"
-    write_config(repo, "rms_npu", f'device = "{DEV}"\n[alias]\nop = "rms_norm"\n')
+    # The example C plugin has a CPU kernel only.
+    add_version(repo, "scale_add", 1, libraries["scale_add_1"])
+    write_config(repo, "scale_add", f'device = "{DEV}"\n')
     write_config(repo, "matmul_auto", 'device = "auto"\n[alias]\nop = "matmul"\n')
     write_config(repo, "nowhere", 'device = "ascend:7"\n[alias]\nop = "add"\n')
     write_config(repo, "add_ok", f'device = "{DEV}"\n[alias]\nop = "add"\n')
@@ -143,7 +145,7 @@ def test_device_configs_that_cannot_work_are_load_errors(tmp_path: Path) -> None
         reasons = {e["name"]: e.get("reason", "") for e in status}
         states = {e["name"]: e.get("state") for e in status}
         assert states["add_ok"] == "READY"
-        assert "has no kernel on ascend:0; it has kernels for: cpu" in reasons["rms_npu"], reasons
+        assert "has no kernel on ascend:0; it has kernels for: cpu" in reasons["scale_add"], reasons
         assert 'device = "auto" routes' in reasons["matmul_auto"] and "not elementwise" in reasons["matmul_auto"]
         assert "ascend:7 is not available" in reasons["nowhere"], reasons
     finally:

@@ -226,6 +226,7 @@ impl Backend for AscendBackend {
             soc: None,
             memory_bytes: None,
             library,
+            driver_version: None,
         };
         let runtime = match self.runtime() {
             Ok(runtime) => runtime,
@@ -246,6 +247,7 @@ impl Backend for AscendBackend {
                     soc: runtime.soc.clone(),
                     memory_bytes: memory.ok().map(|(_, total)| total as u64),
                     library: library.clone(),
+                    driver_version: runtime.acl.version(),
                 }
             })
             .collect()

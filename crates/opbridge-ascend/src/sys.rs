@@ -182,6 +182,19 @@ impl Acl {
     }
 
     /// `aclrtGetSocName()` (`Ascend910B1`), if the driver says.
+    /// `major.minor.patch` from `aclrtGetVersion`, where the library has it.
+    pub fn version(&self) -> Option<String> {
+        let get = self.aclrtGetVersion?;
+        let (mut major, mut minor, mut patch) = (0, 0, 0);
+        // SAFETY: valid out-pointers, the prototype of acl_rt.h.
+        let code = unsafe { get(&mut major, &mut minor, &mut patch) };
+        if code != ACL_SUCCESS {
+            self.recent_message(); // read and cleared: not left for the next error
+            return None;
+        }
+        Some(format!("{major}.{minor}.{patch}"))
+    }
+
     pub fn soc_name(&self) -> Option<String> {
         // SAFETY: as for `recent_message`: NULL or a static string owned by ACL.
         let name = unsafe { (self.aclrtGetSocName)() };

@@ -84,16 +84,18 @@ fn table() -> &'static RwLock<Table> {
     TABLE.get_or_init(RwLock::default)
 }
 
-/// What identifies a device for its measurements: its chip and the driver library loaded
-/// (`Ascend910B1 via /usr/local/Ascend/.../libascendcl.so`); `None` for an unavailable device.
+/// What identifies a device for its measurements: its chip, the driver library loaded and its
+/// version (`Ascend910B1 via /usr/local/Ascend/.../libascendcl.so (runtime 1.0.0)`); `None` for an
+/// unavailable device.
 pub fn identity_of(report: &DeviceReport) -> Option<String> {
     if !report.available {
         return None;
     }
     Some(format!(
-        "{} via {}",
+        "{} via {} (runtime {})",
         report.soc.as_deref().unwrap_or("unknown chip"),
-        report.library.as_deref().unwrap_or("unknown library")
+        report.library.as_deref().unwrap_or("unknown library"),
+        report.driver_version.as_deref().unwrap_or("unknown")
     ))
 }
 

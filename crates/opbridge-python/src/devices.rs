@@ -24,6 +24,9 @@ pub fn devices(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
         if let Some(library) = &report.library {
             entry.set_item("library", library)?;
         }
+        if let Some(version) = &report.driver_version {
+            entry.set_item("driver_version", version)?;
+        }
         if let Some(reason) = &report.reason {
             entry.set_item("reason", reason)?;
         }

@@ -23,6 +23,8 @@ pub struct DeviceReport {
     pub memory_bytes: Option<u64>,
     /// The driver library that was loaded.
     pub library: Option<String>,
+    /// The driver's version as it reports it (ACL's `aclrtGetVersion`: `1.0.0`), if it does.
+    pub driver_version: Option<String>,
 }
 
 impl DeviceReport {
@@ -72,6 +74,7 @@ pub fn reports() -> Vec<DeviceReport> {
         soc: None,
         memory_bytes: None,
         library: None,
+        driver_version: None,
     };
     let backends: Vec<&'static dyn Backend> = BACKENDS.lock().unwrap_or_else(|p| p.into_inner()).clone();
     std::iter::once(cpu).chain(backends.iter().flat_map(|b| b.devices())).collect()
