@@ -170,10 +170,26 @@ def test_rms_norm_in_float64_names_what_the_device_takes(device: str) -> None:
     x = np.linspace(-3, 3, 12).reshape(3, 4)
     t = ob.asarray(x, device=device)
     if device.startswith("ascend"):
-        with pytest.raises(ob.DeviceError, match="aclnnRmsNorm"):
-            ob.ops.rms_norm(t).numpy()  # CANN's RmsNorm has no DOUBLE kernel
+        # CANN's RmsNorm has no DOUBLE kernel: refused before anything is enqueued.
+        with pytest.raises(ob.DTypeError, match="float16, float32 on ascend.*float64"):
+            ob.ops.rms_norm(t)
     else:
         np.testing.assert_allclose(ob.ops.rms_norm(t).numpy(), ob.ops.rms_norm(x))
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_softmax_of_a_0d_input_matches_the_host(device: str, op: str) -> None:
+    for value in (3.0, -np.inf, np.nan):
+        x = np.array(value, np.float32)
+        got = getattr(ob.ops, op)(ob.asarray(x, device=device))
+        assert got.shape == ()
+        np.testing.assert_array_equal(got.numpy(), getattr(ob.ops, op)(x))
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+def test_norms_of_a_0d_input_are_shape_errors_everywhere(device: str, op: str) -> None:
+    with pytest.raises(ob.ShapeError, match="at least one dimension"):
+        getattr(ob.ops, op)(ob.asarray(np.array(3.0, np.float32), device=device))
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
@@ -190,8 +206,8 @@ def test_gelu_in_float64_names_what_the_device_takes(device: str) -> None:
     x = np.linspace(-3, 3, 11)
     t = ob.asarray(x, device=device)
     if device.startswith("ascend"):
-        with pytest.raises(ob.DeviceError, match="aclnnGeluV2"):
-            ob.ops.gelu(t).numpy()  # CANN's GeluV2 has no DOUBLE kernel
+        with pytest.raises(ob.DTypeError, match="float16, float32 on ascend.*float64"):
+            ob.ops.gelu(t)  # CANN's GeluV2 has no DOUBLE kernel
     else:
         np.testing.assert_allclose(ob.ops.gelu(t).numpy(), ob.ops.gelu(x))
 
@@ -216,7 +232,12 @@ def test_embedding_bag_matches_the_host(device: str, mode: str, index_dtype: str
     indices = rng.integers(0, 20, size=17).astype(index_dtype)
     indices[:2] = 7
     offsets = np.array([0, 3, 3, 9, 16], index_dtype)  # an empty bag, a bag of one
-    got = ob.ops.embedding_bag(*(ob.asarray(v, device=device) for v in (weight, indices, offsets)), mode=mode)
+    on_device = [ob.asarray(v, device=device) for v in (weight, indices, offsets)]
+    if device.startswith("ascend") and dtype == "float64":
+        with pytest.raises(ob.DTypeError, match="on ascend"):  # CANN's EmbeddingBag: no DOUBLE
+            ob.ops.embedding_bag(*on_device, mode=mode)
+        return
+    got = ob.ops.embedding_bag(*on_device, mode=mode)
     want = ob.ops.embedding_bag(weight, indices, offsets, mode=mode)
     assert got.dtype == dtype and got.shape == (5, 6)
     tol = {"float16": 2e-3, "float32": 1e-6, "float64": 1e-12}[dtype]
@@ -238,3 +259,12 @@ def test_embedding_bag_with_a_bad_index_fails_on_either_device(device: str) -> N
         assert "out of range" in str(e) or "aclnnEmbeddingBag" in str(e)
     good = [ob.asarray(v, device=device) for v in (weight, np.array([0, 4], np.int64), offsets)]
     np.testing.assert_array_equal(ob.ops.embedding_bag(*good).numpy(), [[2, 2]])
+    # An empty output still has its indices checked (no bag reads them, but they are wrong).
+    empty = [ob.asarray(v, device=device) for v in (weight, np.array([7], np.int64), np.zeros(0, np.int64))]
+    with pytest.raises(ob.OpBridgeError, match="out of range|aclnnEmbeddingBag"):
+        ob.ops.embedding_bag(*empty).numpy()  # no bytes to read: the stream may report it
+        ob.synchronize(device)
+    try:  # whichever of the two did not report it
+        ob.synchronize(device)
+    except ob.OpBridgeError as e:
+        assert "out of range" in str(e) or "aclnnEmbeddingBag" in str(e)

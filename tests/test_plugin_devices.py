@@ -178,3 +178,26 @@ def test_an_abi2_library_loads_unchanged_and_runs_on_the_host_only(tmp_path: Pat
         np.testing.assert_array_equal(ob.ops.scale_add(a, a, alpha=2.0, beta=1.0), 3 * a)
         with pytest.raises(ob.DeviceError, match="no ascend kernel for scale_add v2.*it has kernels for: cpu"):
             ob.ops.scale_add(ob.asarray(a, device=DEV), ob.asarray(a, device=DEV))
+
+
+def test_unload_waits_for_queued_device_work(example_plugin: Path) -> None:  # noqa: F811
+    """Launches that take 0.2 s each on the device: the unload returns only once the queued ones
+    have run (the release callback then frees nothing still in use), and their results stand."""
+    code = f"""
+        import time, numpy as np, opbridge as ob
+        lib = ob.load_library({str(example_plugin)!r})
+        x = ob.asarray(np.ones(64, np.float32), device="ascend:0")
+        ys = [ob.ops.scale_add_ascend(x, x, alpha=float(k)) for k in range(3)]
+        began = time.perf_counter()
+        lib.unload()
+        print(round(time.perf_counter() - began, 3))
+        print([float(y.numpy()[0]) for y in ys])
+        """
+    env = {**os.environ, "OPBRIDGE_ASCEND_LIB_DIR": str(ASCEND_LIB_DIR), "ACLDOUBLE_LAUNCH_US": "200000"}
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    waited, values = done.stdout.strip().splitlines()
+    assert float(waited) >= 0.3, f"the unload returned after {waited} s with launches still queued"
+    assert values == "[1.0, 2.0, 3.0]"

@@ -534,3 +534,23 @@ def test_plugin_crash_hazard_is_documented_where_authors_and_users_read():
     for text in (ob.load_library.__doc__, ob.Library.__doc__, header, readme):
         assert text and "faulthandler" in text and "subprocess" in text
         assert "doctor --plugin" in text and "planned" not in text
+
+
+def test_a_failed_load_still_calls_the_release_callback(tmp_path: Path) -> None:
+    """opbridge_plugin_init succeeded, then a descriptor is refused: the library is closed, and
+    its release callback runs first (it may have set things up in init)."""
+    marker = tmp_path / "released"
+    source = tmp_path / "bad_after_init.c"
+    source.write_text(
+        "#include <stdio.h>\n#include <opbridge/plugin.h>\n"
+        'static void release(void) { FILE *f = fopen(MARKER, "w"); if (f) fclose(f); }\n'
+        'static const OpbOpDesc ops[] = {{.name = "bad op", .version = 1}};\n'
+        "OPB_EXPORT int opbridge_plugin_init(const OpbPluginHost *h, OpbPluginInfo *info) {\n"
+        "  info->abi_version = OPBRIDGE_PLUGIN_ABI_VERSION;\n"
+        "  if (h->abi_version != OPBRIDGE_PLUGIN_ABI_VERSION) return OPB_ERR_ABI_MISMATCH;\n"
+        "  info->n_ops = 1; info->ops = ops; info->release = release; return OPB_OK; }\n"
+    )
+    library = cc(source, tmp_path / "libbad_after_init.so", f'-DMARKER="{marker}"')
+    with pytest.raises(ob.OpBridgeError, match="malformed descriptor"):
+        ob.load_library(library)
+    assert marker.exists(), "the release callback ran"

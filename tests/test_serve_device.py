@@ -170,3 +170,58 @@ def test_a_broken_crossovers_file_named_on_the_command_line_stops_the_server(tmp
     with pytest.raises(AssertionError, match="ready line"):  # start_server stops what it started
         serve(tmp_path / "models", tmp_path, "--crossovers", str(broken))
     assert "not a JSON list of crossovers" in (tmp_path / "server.err").read_text()
+
+
+def test_a_failed_request_leaves_nothing_for_the_next(tmp_path: Path, example_plugin: Path) -> None:  # noqa: F811
+    """One worker; the device's first task (request 1's input copy) fails: request 1 gets its
+    error, and request 2 on the same worker and stream gets its own, correct answer."""
+    env = {"ACLDOUBLE_FAIL": "task:1"}
+    served, _ = serve(device_repo(tmp_path, example_plugin), tmp_path, "--workers-per-model", "1", env=env)
+    try:
+        a = np.arange(8, dtype=np.float32)
+        with pytest.raises(InferenceServerException):
+            infer(served, "add_npu", a, a)
+        np.testing.assert_array_equal(infer(served, "add_npu", a, a), 2 * a)
+    finally:
+        stop_server(served)
+
+
+def test_concurrent_staged_requests_get_their_own_results_or_errors(
+    tmp_path: Path,
+    example_plugin: Path,  # noqa: F811
+) -> None:
+    """device = "auto" requests share the device's staging streams: with some kernels failing,
+    every request still gets its own correct result or an error, never another's bytes."""
+    import threading
+
+    identity = ob._native.device_identity(DEV)
+    crossovers = tmp_path / "crossovers.json"
+    entry = {"op": "mul", "dtype": "float32", "device": DEV, "elems": 64, "identity": identity}
+    crossovers.write_text(json.dumps([entry]))
+    env = {"ACLDOUBLE_FAIL": "aclnnMul:5,aclnnMul:11,aclnnMul:17"}
+    served, _ = serve(device_repo(tmp_path, example_plugin), tmp_path, "--crossovers", str(crossovers), env=env)
+    wrong: list[int] = []
+    answered: list[int] = []
+
+    def client(k: int) -> None:
+        for j in range(10):
+            n = 100 + k * 10 + j
+            a, b = np.full(n, k + 1, np.float32), np.full(n, j + 2, np.float32)
+            try:
+                got = infer(served, "mul_auto", a, b)
+            except InferenceServerException:
+                continue
+            answered.append(n)
+            if not np.array_equal(got, a * b):
+                wrong.append(n)
+
+    try:
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert not wrong, f"requests answered with another's data: {wrong}"
+        assert len(answered) >= 40
+    finally:
+        stop_server(served)

@@ -665,7 +665,7 @@ def _plugin_here(path_text: str, abi: int) -> Check:
     details["abi_version"] = built_for
     details["devices"] = devices
     described = [f"{op} ({', '.join(devices.get(op, []))})" for op in details["ops"]]
-    older = f" (built for ABI {built_for}: CPU kernels only)" if built_for != abi else ""
+    older = " (an older ABI: CPU kernels only)" if built_for != abi else ""
     found = f"ABI {built_for}{older}; {len(ops)} operator(s): {', '.join(described)}"
     if undefined or missing:
         return Check(

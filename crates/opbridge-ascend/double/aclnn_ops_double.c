@@ -671,7 +671,8 @@ aclnnStatus aclnnEmbeddingBagGetWorkspaceSize(const aclTensor *weight, const acl
         if ((rc = get(F, names[k], all[k], &d.t[k]))) return rc;
     const acldoubleTensorDesc *w = &d.t[0], *ix = &d.t[1], *of = &d.t[2], *o = &d.t[3];
     int wdt = w->dtype, idt = ix->dtype;
-    int ok = (wdt == ACL_FLOAT || wdt == ACL_FLOAT16 || wdt == ACL_BF16 || wdt == ACL_DOUBLE) && o->dtype == wdt;
+    /* CANN's kernel: FLOAT, FLOAT16, BF16 weights (no DOUBLE) */
+    int ok = (wdt == ACL_FLOAT || wdt == ACL_FLOAT16 || wdt == ACL_BF16) && o->dtype == wdt;
     ok = ok && (idt == ACL_INT32 || idt == ACL_INT64) && (of->dtype == ACL_INT32 || of->dtype == ACL_INT64);
     ok = ok && w->ndim == 2 && ix->ndim == 1 && of->ndim == 1 && o->ndim == 2;
     ok = ok && o->dims[0] == of->dims[0] && o->dims[1] == w->dims[1];

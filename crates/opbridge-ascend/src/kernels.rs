@@ -27,7 +27,7 @@
 #![allow(unsafe_code)]
 
 use opbridge_ops::device::{DeviceCall, DeviceKernel};
-use opbridge_runtime::{DeviceKind, Error, Result, Tensor};
+use opbridge_runtime::{DType, DeviceKind, Error, Result, Tensor};
 
 use crate::aclnn::{acl_dtype, AclScalar, AclTensor, Aclnn, OpCall, Phase2, WorkspaceOut};
 use crate::device::Runtime;
@@ -116,10 +116,22 @@ fn input<'a>(call: &DeviceCall<'a>, k: usize) -> Result<&'a Tensor> {
 }
 
 impl DeviceKernel for Kernel {
+    /// Where CANN's kernel takes fewer dtypes than the host's: no float64 in GeluV2, RmsNorm or
+    /// EmbeddingBag (whose indices are int32 / int64).
+    fn dtypes(&self) -> Option<&'static [DType]> {
+        match self {
+            Kernel::Gelu | Kernel::RmsNorm => Some(&[DType::F16, DType::F32]),
+            Kernel::EmbeddingBag => Some(&[DType::F16, DType::F32, DType::I32, DType::I64]),
+            _ => None,
+        }
+    }
+
     fn enqueue(&self, call: &DeviceCall<'_>) -> Result<()> {
         let device = call.stream.device();
-        if call.outputs.iter().all(|t| t.numel() == 0) {
-            return Ok(()); // nothing to compute (aclnn refuses some empty shapes)
+        if call.outputs.iter().all(|t| t.numel() == 0) && !matches!(self, Kernel::EmbeddingBag) {
+            // Nothing to compute (aclnn refuses some empty shapes); embedding_bag still checks
+            // its indices and offsets, as the host does.
+            return Ok(());
         }
         let runtime: std::sync::Arc<Runtime> =
             crate::backend().runtime().map_err(|reason| Error::Unavailable { device, reason })?;
@@ -218,8 +230,29 @@ impl DeviceKernel for Kernel {
                     _ => (aclnn.log_softmax, "aclnnLogSoftmax"),
                 };
                 let op = op.ok_or_else(|| missing(name))?;
-                let dim = call.attrs.int("axis").map_err(attr_error(call))?;
-                let tensors = [input(call, 0)?, out];
+                let mut dim = call.attrs.int("axis").map_err(attr_error(call))?;
+                let x = input(call, 0)?;
+                // A 0-d input is its one element along a 1-D axis (aclnn takes no 0-d softmax):
+                // the same result as the host's.
+                let (x1, out1);
+                let (x, out) = if x.shape().is_empty() {
+                    let one = |t: &Tensor| {
+                        Tensor::from_storage(
+                            std::sync::Arc::clone(t.storage()),
+                            t.device(),
+                            t.dtype(),
+                            vec![1],
+                            Some(vec![1]),
+                            t.byte_offset(),
+                        )
+                    };
+                    (x1, out1) = (one(x)?, one(out)?);
+                    dim = 0;
+                    (&x1, &out1)
+                } else {
+                    (x, out)
+                };
+                let tensors = [x, out];
                 // SAFETY: live descriptors and out-pointers, the prototype of aclnn_softmax.h.
                 launch((op.name, op.phase2), &tensors, None, dim, &mut |t, _, (size, exec)| unsafe {
                     (op.phase1)(t[0], dim, t[1], size, exec)
@@ -449,9 +482,10 @@ impl DeviceKernel for Kernel {
 
 impl Kernel {
     /// Calls whose executor is not kept for reuse: copies from a view (CANN does not repeat
-    /// in-place copies); reductions, layer norm
-    /// and axpy, whose int array or alpha scalar is only guaranteed to the call that passes it
-    /// (and whose optional tensors would shift the address setters' indices).
+    /// in-place copies); reductions, layer norm and axpy, whose int array or alpha scalar is
+    /// only guaranteed to the call that passes it (and whose optional tensors would shift the
+    /// address setters' indices); rms_norm and embedding_bag, which have several outputs (the
+    /// reuse path re-points one) and scratch tensors of their own.
     fn one_shot(&self) -> bool {
         matches!(
             self,

@@ -181,7 +181,6 @@ impl Acl {
         (!text.is_null()).then(|| unsafe { CStr::from_ptr(text) }.to_string_lossy().trim().to_string())
     }
 
-    /// `aclrtGetSocName()` (`Ascend910B1`), if the driver says.
     /// `major.minor.patch` from `aclrtGetVersion`, where the library has it.
     pub fn version(&self) -> Option<String> {
         let get = self.aclrtGetVersion?;
@@ -195,6 +194,7 @@ impl Acl {
         Some(format!("{major}.{minor}.{patch}"))
     }
 
+    /// `aclrtGetSocName()` (`Ascend910B1`), if the driver says.
     pub fn soc_name(&self) -> Option<String> {
         // SAFETY: as for `recent_message`: NULL or a static string owned by ACL.
         let name = unsafe { (self.aclrtGetSocName)() };

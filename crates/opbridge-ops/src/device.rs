@@ -39,6 +39,13 @@ pub trait DeviceKernel: Send + Sync + 'static {
     /// stream's, reported at its next synchronize.
     fn enqueue(&self, call: &DeviceCall<'_>) -> Result<()>;
 
+    /// The dtypes the kernel computes in, when fewer than the operator's (CANN's GeluV2 has no
+    /// float64): a call with another is refused before anything is enqueued, as a dtype error.
+    /// `None`: every dtype of the operator.
+    fn dtypes(&self) -> Option<&'static [DType]> {
+        None
+    }
+
     /// [`DeviceKernel::enqueue`] with the operator's own error kinds (a plugin kernel's
     /// `OPB_ERR_SHAPE` stays a shape error); by default the runtime's errors become
     /// [`OpError::Device`] (out of memory stays out of memory: the caller may free and retry).
@@ -95,6 +102,16 @@ pub(crate) fn launch(
 ) -> crate::Result<Vec<Arc<Tensor>>> {
     let schema = entry.schema();
     let op = || -> Arc<str> { schema.name.as_str().into() };
+    if let Some(allowed) = kernel.dtypes() {
+        if let Some(dtype) = plan.inputs.iter().flatten().find(|d| !allowed.contains(d)) {
+            let names: Vec<&str> = allowed.iter().map(|d| d.name()).collect();
+            return Err(OpError::DType {
+                op: op(),
+                expected: format!("{} on {} (its kernel there)", names.join(", "), stream.device().kind.name()),
+                got: dtype.to_string(),
+            });
+        }
+    }
     let mut converted: Few<Option<Arc<Tensor>>> = Few::with_capacity(inputs.len());
     for (t, dtype) in inputs.iter().zip(&plan.inputs) {
         converted.push(match (t, dtype) {
@@ -235,6 +252,16 @@ pub fn run_staged(
         message: format!("no {} kernel for {} v{}", device.kind.name(), schema.name, schema.version),
     })?;
     let (out_bytes, out_dtype) = output;
+    if let Some(allowed) = kernel.dtypes() {
+        if let Some(dtype) = inputs.iter().map(|(_, d)| *d).find(|d| !allowed.contains(d)) {
+            let names: Vec<&str> = allowed.iter().map(|d| d.name()).collect();
+            return Err(OpError::DType {
+                op: schema.name.as_str().into(),
+                expected: format!("{} on {} (its kernel there)", names.join(", "), device.kind.name()),
+                got: dtype.to_string(),
+            });
+        }
+    }
     let widest = inputs.iter().map(|(_, d)| d.size()).chain([out_dtype.size()]).max().unwrap_or(1);
     let chunk_elems = (opbridge_runtime::pipeline::chunk_bytes(ctx)? / widest).max(1);
     // A chunk's buffers seen as 1-D tensors of `n` elements (the slots own the memory).
@@ -258,5 +285,9 @@ pub fn run_staged(
     let bytes: Vec<&[u8]> = inputs.iter().map(|(b, _)| *b).collect();
     let sizes: Vec<usize> = inputs.iter().map(|(_, d)| d.size()).collect();
     opbridge_runtime::pipeline::staged_work(ctx, &bytes, &sizes, out_bytes, out_dtype.size(), len, chunk_elems, &work)
-        .map_err(|e| OpError::Device { op: schema.name.as_str().into(), message: e.to_string() })
+        .map_err(|e| match e.kind() {
+            // Out of memory stays out of memory (a server answers 503; the caller may retry).
+            opbridge_runtime::ErrorKind::OutOfMemory => OpError::Runtime(e),
+            _ => OpError::Device { op: schema.name.as_str().into(), message: e.to_string() },
+        })
 }

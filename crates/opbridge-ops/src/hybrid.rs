@@ -91,10 +91,16 @@ pub fn identity_of(report: &DeviceReport) -> Option<String> {
     if !report.available {
         return None;
     }
+    // The library's real path: a folder reached through a symbolic link (CANN's `latest`) or
+    // spelled with `./` is the same library.
+    let library = report
+        .library
+        .as_deref()
+        .map(|l| std::fs::canonicalize(l).map_or_else(|_| l.to_string(), |p| p.display().to_string()));
     Some(format!(
         "{} via {} (runtime {})",
         report.soc.as_deref().unwrap_or("unknown chip"),
-        report.library.as_deref().unwrap_or("unknown library"),
+        library.as_deref().unwrap_or("unknown library"),
         report.driver_version.as_deref().unwrap_or("unknown")
     ))
 }
@@ -133,6 +139,19 @@ pub fn set(op: &str, crossover: Crossover) {
     let entries = table.by_op.entry(op.to_string()).or_default();
     entries.retain(|c| !(c.device == crossover.device && c.dtype == crossover.dtype));
     entries.push(crossover);
+    refresh_floors(&table);
+    drop(table);
+    seen().write().unwrap_or_else(|p| p.into_inner()).clear();
+}
+
+/// [`set`] for many entries at once (a saved file): the floors are recomputed once.
+pub fn set_all(entries: Vec<(String, Crossover)>) {
+    let mut table = table().write().unwrap_or_else(|p| p.into_inner());
+    for (op, crossover) in entries {
+        let list = table.by_op.entry(op).or_default();
+        list.retain(|c| !(c.device == crossover.device && c.dtype == crossover.dtype));
+        list.push(crossover);
+    }
     refresh_floors(&table);
     drop(table);
     seen().write().unwrap_or_else(|p| p.into_inner()).clear();

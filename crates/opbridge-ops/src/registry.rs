@@ -276,6 +276,12 @@ impl Entry {
         }
     }
 
+    /// Whether the operator's kernel on `kind` computes in `dtype` (what routing a call there
+    /// must know first).
+    pub fn runs_on(&self, kind: DeviceKind, dtype: DType) -> bool {
+        self.device_kernel(kind).is_some_and(|k| k.dtypes().is_none_or(|allowed| allowed.contains(&dtype)))
+    }
+
     fn new(op: Arc<dyn Operator>, source: Source) -> Entry {
         Entry {
             op,
@@ -348,8 +354,8 @@ impl Entry {
         queued.push_back(done);
     }
 
-    /// Blocks until no call of this operator is in flight (built-ins, whose code cannot be
-    /// unloaded, are not counted: it returns at once).
+    /// Blocks until no call of this operator is in flight, device work they queued included
+    /// (built-ins, whose code cannot be unloaded, are not counted: it returns at once).
     ///
     /// From stream work (a host function) a call queued behind that work, directly or through
     /// other streams, could never finish: that is a `Device` error instead of a hang.
@@ -387,7 +393,22 @@ impl Entry {
             }
         }
         self.waiters.fetch_sub(1, Ordering::SeqCst);
-        outcome
+        drop(lock);
+        outcome?;
+        // Device launches end when their stream gets there, not when the call returns: wait
+        // for every one still queued (checked waits: from stream work, one queued behind it
+        // fails instead of hanging).
+        let pending: Vec<Mark> = self.queued.lock().unwrap_or_else(|p| p.into_inner()).drain(..).collect();
+        for mark in &pending {
+            if let Err(error) = mark.synchronize() {
+                // From stream work: a launch queued behind it (the wait would never end).
+                // Elsewhere the launch has ended, failed: nothing of the operator runs any more.
+                if checked {
+                    return Err(error);
+                }
+            }
+        }
+        Ok(())
     }
 }
 

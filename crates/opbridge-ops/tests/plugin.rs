@@ -71,6 +71,7 @@ fn fixture(name: &str, version: u32, bias: i32, extra: &str, init: Option<&str>)
     format!(
         r#"
 #include <opbridge/plugin.h>
+#include <stddef.h>
 #include <unistd.h>
 static int infer(const OpbMeta *in, int n_in, OpbMeta *out, int n_out, const OpbAttrs *attrs, char *err, size_t len) {{
   (void)n_in; (void)n_out; (void)attrs;
@@ -432,6 +433,16 @@ fn malformed_descriptors_are_errors() {
             "device_kernels[0]: flags and reserved fields must be 0 / NULL",
         ),
         ("many_device_kernels", ".n_device_kernels = 9", "n_device_kernels is 9; expected 0 to 8"),
+        (
+            "cuda_kernel",
+            ".n_device_kernels = 1, .device_kernels = (const OpbDeviceKernel[]){{.device_type = kDLCUDA, .kernel = kernel}}",
+            "device_kernels[0]: device type 2 is not one opbridge has kernels for",
+        ),
+        (
+            "stray_device_kernels",
+            ".device_kernels = (const OpbDeviceKernel[]){{.device_type = OPB_DEVICE_ASCEND, .kernel = kernel}}",
+            "device_kernels is not NULL but n_device_kernels is 0",
+        ),
         ("null_device_kernels", ".n_device_kernels = 1", "device_kernels is NULL but 1 are declared"),
     ];
     for &(name, extra, want) in cases {
@@ -455,6 +466,15 @@ fn malformed_descriptors_are_errors() {
             "abi2_with_device_kernels",
             "info->abi_version = 2; if (host->abi_version != 2) return OPB_ERR_ABI_MISMATCH;
              static OpbOpDesc one[1]; one[0] = ops[0]; one[0].n_device_kernels = 1;
+             info->n_ops = 1; info->ops = one; return 0;",
+            "reserved fields must be NULL in ABI version 2",
+        ),
+        (
+            // ... every byte of it: ABI 2's reserved[0] overlaps n_device_kernels and its padding.
+            "abi2_with_padding_set",
+            "info->abi_version = 2; if (host->abi_version != 2) return OPB_ERR_ABI_MISMATCH;
+             static OpbOpDesc one[1]; one[0] = ops[0];
+             ((unsigned char *)&one[0])[offsetof(OpbOpDesc, n_device_kernels) + 4] = 1;
              info->n_ops = 1; info->ops = one; return 0;",
             "reserved fields must be NULL in ABI version 2",
         ),

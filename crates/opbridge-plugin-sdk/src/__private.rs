@@ -159,6 +159,7 @@ pub unsafe fn init(
     info: *mut sys::OpbPluginInfo,
     cell: &'static PluginCell,
     name: &str,
+    release: Option<sys::OpbReleaseFn>,
     ops: impl FnOnce() -> Vec<Described>,
 ) -> c_int {
     // SAFETY: the caller's obligations.
@@ -185,6 +186,7 @@ pub unsafe fn init(
             info.name = plugin.name.as_ptr();
             info.n_ops = i32::try_from(plugin.descs.len()).unwrap_or(i32::MAX);
             info.ops = plugin.descs.as_ptr();
+            info.release = release;
             sys::OPB_OK
         }
         Err(message) => {

@@ -593,7 +593,7 @@ fn an_optional_input_that_is_not_an_input_makes_init_fail() {
     let mut info = sys::OpbPluginInfo::zeroed();
     // SAFETY: valid host and info; what `export_plugin!` expands to, with another op list.
     let status = unsafe {
-        opbridge_plugin_sdk::__private::init(&host, &mut info, &CELL, "bad", || vec![describe::<BadOptional>()])
+        opbridge_plugin_sdk::__private::init(&host, &mut info, &CELL, "bad", None, || vec![describe::<BadOptional>()])
     };
     assert_eq!((status, info.abi_version, info.n_ops), (sys::OPB_ERR_FAILED, 3, 0));
     let message = text(info.error);
@@ -682,4 +682,36 @@ fn a_device_kernel_gets_device_tensors_and_the_stream() {
         kernel(&x, 1, out.as_mut_ptr(), 1, &attrs, stream, std::ptr::null_mut(), 0, err.as_mut_ptr(), err.len())
     };
     assert_eq!((status, text(err.as_ptr()).as_str()), (sys::OPB_ERR_INVALID_ARGUMENT, "contiguous inputs only"));
+}
+
+static RELEASED: AtomicUsize = AtomicUsize::new(0);
+
+unsafe extern "C" fn count_release() {
+    RELEASED.fetch_add(1, Ordering::SeqCst);
+}
+
+#[test]
+fn the_release_callback_reaches_the_host() {
+    static CELL: opbridge_plugin_sdk::__private::PluginCell = opbridge_plugin_sdk::__private::PluginCell::new();
+    let host = sys::OpbPluginHost {
+        abi_version: sys::OPBRIDGE_PLUGIN_ABI_VERSION,
+        reserved0: 0,
+        runtime_version: c"test".as_ptr(),
+        reserved: [std::ptr::null_mut(); 4],
+    };
+    let mut info = sys::OpbPluginInfo::zeroed();
+    // SAFETY: valid host and info; what `export_plugin!(...; release = f)` expands to.
+    let status = unsafe {
+        opbridge_plugin_sdk::__private::init(&host, &mut info, &CELL, "rel", Some(count_release), || {
+            vec![describe::<OnAscend>()]
+        })
+    };
+    assert_eq!(status, sys::OPB_OK);
+    let release = info.release.expect("set");
+    // SAFETY: the host calls it once, with the library open.
+    unsafe { release() };
+    assert_eq!(RELEASED.load(Ordering::SeqCst), 1);
+    // Without one, the entry point leaves it NULL.
+    let (_, plain) = init();
+    assert!(plain.release.is_none());
 }

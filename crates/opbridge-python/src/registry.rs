@@ -829,7 +829,11 @@ fn numpy_route(
         return Ok(if target.kind == opbridge_runtime::DeviceKind::Cpu { Route::Host } else { Route::Device(target) });
     }
     let route = match (out, stageable(entry, args)) {
-        (None, Some((dtype, elems))) => hybrid::route(&entry.schema().name, dtype, elems),
+        (None, Some((dtype, elems))) => match hybrid::route(&entry.schema().name, dtype, elems) {
+            // A crossover set by hand may name a dtype the device's kernel does not take.
+            Route::Device(d) if !entry.runs_on(d.kind, dtype) => Route::Host,
+            route => route,
+        },
         _ => Route::Host,
     };
     if opbridge_runtime::profiler::active() {
@@ -873,6 +877,13 @@ pub(crate) fn explain_route(
         return Ok((
             at.to_string(),
             format!("{name} on Tensors runs where they live ({at}); device= is for numpy inputs"),
+        ));
+    }
+    if !entry.devices().contains(&opbridge_runtime::DeviceKind::Cpu) {
+        let has: Vec<&str> = entry.devices().iter().map(|d| d.name()).collect();
+        return Ok((
+            "error".into(),
+            format!("{name} has no host kernel (it has kernels for: {}): call it on Tensors there", has.join(", ")),
         ));
     }
     if device != "auto" {

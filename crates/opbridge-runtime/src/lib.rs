@@ -43,6 +43,9 @@ pub struct DeviceContext {
     /// H2D, compute and D2H streams of the staged numpy path, made on first use (and again in
     /// the child of a `fork()`, where the parent's have no workers).
     pipeline: std::sync::Mutex<Option<[Stream; 3]>>,
+    /// Held by one staged call at a time: the three streams are shared, and a call learns of its
+    /// own failures by synchronizing them (another call's would otherwise become its own).
+    pub(crate) pipeline_turn: std::sync::Mutex<()>,
     /// The staged path's chunk size, measured on first use (`pipeline::chunk_bytes`).
     pub(crate) staged_chunk_bytes: OnceLock<usize>,
 }
@@ -66,6 +69,7 @@ impl DeviceContext {
             pool,
             pinned,
             pipeline: std::sync::Mutex::new(None),
+            pipeline_turn: std::sync::Mutex::new(()),
             staged_chunk_bytes: OnceLock::new(),
         }
     }

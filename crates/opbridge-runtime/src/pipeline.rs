@@ -54,18 +54,44 @@ pub fn staged_work(
     chunk_elems: usize,
     work: &ChunkWork<'_>,
 ) -> Result<PipelineReport> {
-    let chunk_elems = chunk_elems.max(1);
-    let [h2d, compute, d2h] = ctx.pipeline_streams()?;
+    // One staged call at a time per device (see `pipeline_turn`); one that fails leaves the
+    // streams clean for the next: its pending work is waited for and its errors taken.
+    let _turn = ctx.pipeline_turn.lock().unwrap_or_else(|p| p.into_inner());
+    let streams = ctx.pipeline_streams()?;
+    let outcome = staged_on(ctx, &streams, inputs, elem_in, output, elem_out, len, chunk_elems, work);
+    if outcome.is_err() {
+        for stream in &streams {
+            let _ = stream.synchronize();
+        }
+    }
+    outcome
+}
+
+/// [`staged_work`] on the device's three pipeline streams, its turn taken.
+#[allow(clippy::too_many_arguments)]
+fn staged_on(
+    ctx: &DeviceContext,
+    [h2d, compute, d2h]: &[Stream; 3],
+    inputs: &[&[u8]],
+    elem_in: &[usize],
+    output: &mut [u8],
+    elem_out: usize,
+    len: usize,
+    chunk_elems: usize,
+    work: &ChunkWork<'_>,
+) -> Result<PipelineReport> {
+    // Buffers no larger than the call needs: a small call does not take a whole chunk's memory.
+    let chunk_elems = chunk_elems.min(len).max(1);
     const SLOTS: usize = 2; // double buffering: one chunk moves while its neighbour computes
     let mut slots = Vec::with_capacity(SLOTS);
-    for _ in 0..SLOTS {
-        slots.push(Slot::new(ctx, elem_in, elem_out, chunk_elems, [&h2d, &compute, &d2h])?);
+    for _ in 0..SLOTS.min(len.div_ceil(chunk_elems)).max(1) {
+        slots.push(Slot::new(ctx, elem_in, elem_out, chunk_elems, [h2d, compute, d2h])?);
     }
     let mut report = PipelineReport::default();
-    let mut in_flight: Vec<Option<(usize, usize, Event)>> = vec![None; SLOTS];
+    let mut in_flight: Vec<Option<(usize, usize, Event)>> = vec![None; slots.len()];
     let chunks = len.div_ceil(chunk_elems);
     for chunk in 0..chunks {
-        let slot_index = chunk % SLOTS;
+        let slot_index = chunk % slots.len();
         let slot = &slots[slot_index];
         // Reusing a slot: first drain its previous chunk to the host output.
         if let Some((start, n, done)) = in_flight[slot_index].take() {
@@ -84,7 +110,7 @@ pub fn staged_work(
         let copied_in = h2d.record_new_event()?;
         compute.wait_event(&copied_in)?;
         let device_ptrs: Vec<DevicePtr> = slot.device_in.iter().map(|b| b.ptr()).collect();
-        work(&compute, &device_ptrs, slot.device_out.ptr(), n)?;
+        work(compute, &device_ptrs, slot.device_out.ptr(), n)?;
         let computed = compute.record_new_event()?;
         d2h.wait_event(&computed)?;
         d2h.copy(slot.pinned_out.ptr(), slot.device_out.ptr(), n * elem_out, CopyKind::DeviceToHost)?;

@@ -173,6 +173,7 @@ fn run_groups(model: &ModelVersion, groups: Vec<Group>, stream: &opbridge_runtim
             // A merged call that fails (a kernel refusing one request's values, memory) is
             // run again request by request, so each gets its own answer.
             Err(error) => {
+                infer::settle(stream);
                 tracing::debug!(
                     model = model.model,
                     rows,

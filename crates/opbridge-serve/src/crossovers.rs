@@ -25,26 +25,49 @@ pub fn default_path() -> Option<PathBuf> {
 /// (an uncalibrated `device = "auto"` model stays on the host); an unreadable or malformed one
 /// is an error; malformed entries are skipped with a warning.
 pub fn load(path: &Path) -> Result<usize, String> {
-    let text = match std::fs::metadata(path) {
+    let text = match read_small_regular_file(path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
         Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
-        Ok(m) if !m.is_file() => return Err(format!("{} is not a regular file", path.display())),
-        Ok(m) if m.len() > MAX_BYTES => return Err(format!("{} is larger than {MAX_BYTES} bytes", path.display())),
-        Ok(_) => std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?,
+        Ok(text) => text,
     };
     let entries: Vec<serde_json::Value> =
         serde_json::from_str(&text).map_err(|e| format!("{} is not a JSON list of crossovers: {e}", path.display()))?;
-    let mut applied = 0;
+    let mut parsed = Vec::with_capacity(entries.len());
     for (i, entry) in entries.iter().enumerate() {
         match parse(entry) {
-            Some((op, crossover)) => {
-                hybrid::set(&op, crossover);
-                applied += 1;
-            }
+            Some(found) => parsed.push(found),
             None => tracing::warn!(file = %path.display(), entry = i, "skipping a malformed crossover: {entry}"),
         }
     }
+    let applied = parsed.len();
+    hybrid::set_all(parsed);
     Ok(applied)
+}
+
+/// The file's text: a regular file (checked on the open handle, so it cannot be swapped for a
+/// FIFO or a device between a check and the read; opened non-blocking, so a FIFO cannot hang the
+/// open) of at most `MAX_BYTES`, read with that bound (files under /proc report size 0).
+fn read_small_regular_file(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        const O_NONBLOCK: i32 = 0o4000; // Linux's value on the architectures opbridge builds for
+        options.custom_flags(O_NONBLOCK);
+    }
+    let file = options.open(path)?;
+    let invalid = |what: String| std::io::Error::new(std::io::ErrorKind::InvalidData, what);
+    if !file.metadata()?.is_file() {
+        return Err(invalid("not a regular file".into()));
+    }
+    let mut text = String::new();
+    file.take(MAX_BYTES + 1).read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_BYTES {
+        return Err(invalid(format!("larger than {MAX_BYTES} bytes")));
+    }
+    Ok(text)
 }
 
 /// `{"op", "dtype", "device", "elems" (an int or null), "identity"}`.

@@ -642,6 +642,29 @@ pub(crate) fn run_alone(
     queue_ns: u64,
     inferences: u64,
 ) -> Result<Vec<Output>> {
+    let outcome = run_alone_on(model, checked, stream, session, queue_ns, inferences);
+    if outcome.is_err() {
+        settle(stream);
+    }
+    outcome
+}
+
+/// After a failed call: waits for what it left queued on the worker's stream and takes the
+/// stream's errors, which belong to that call (already answered), not to the next request.
+pub(crate) fn settle(stream: &opbridge_runtime::Stream) {
+    if let Err(error) = stream.synchronize() {
+        tracing::debug!("after a failed call, its stream reported: {error}");
+    }
+}
+
+fn run_alone_on(
+    model: &ModelVersion,
+    checked: Checked,
+    stream: &opbridge_runtime::Stream,
+    session: Option<&Lease>,
+    queue_ns: u64,
+    inferences: u64,
+) -> Result<Vec<Output>> {
     let mut checked = checked;
     if let Some(shm) = checked.shm.take() {
         return crate::shm::run_alone(model, checked, shm, stream, session, queue_ns, inferences);
@@ -690,7 +713,11 @@ fn auto_route(model: &ModelVersion, checked: &Checked) -> Route {
     if !(same && unconverted && one_output && (lane.accepts)(first.dtype)) {
         return Route::Host;
     }
-    hybrid::route(&model.entry.schema().name, first.dtype, first.shape.iter().product())
+    match hybrid::route(&model.entry.schema().name, first.dtype, first.shape.iter().product()) {
+        // A crossovers file may name a dtype the device's kernel does not take.
+        Route::Device(d) if !model.entry.runs_on(d.kind, first.dtype) => Route::Host,
+        route => route,
+    }
 }
 
 /// A request staged through `device` in chunks, copies overlapping the kernel

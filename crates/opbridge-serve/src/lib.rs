@@ -159,8 +159,13 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         .thread_name("opbridge-serve-io")
         .build()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
-    runtime.block_on(serve(args, Arc::clone(&server)))?;
-    // Requests in flight have finished (or the grace period is over): unload everything.
+    let served = runtime.block_on(serve(args, Arc::clone(&server)));
+    // Requests in flight have finished (or the grace period is over): the handlers still
+    // running are dropped with the runtime, so no response is being written from memory that
+    // is released below (an accelerator's pinned blocks go with the driver).
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    served?;
+    // Unload everything.
     models.unload_all();
     // Ascend models' work is done: cached device memory goes back and ACL is finalized (a no-op
     // when no model used the device).

@@ -189,6 +189,7 @@ impl Op for LayerNorm {
 
     fn infer(inputs: &Inputs<'_, Meta>, _: &Attrs<'_>) -> OpResult<Vec<Meta>> {
         let x = &inputs[0];
+        check_not_scalar(Self::NAME, x)?;
         check_param(Self::NAME, "weight", x, inputs.opt(1))?;
         check_param(Self::NAME, "bias", x, inputs.opt(2))?;
         Ok(vec![x.clone()])
@@ -210,6 +211,18 @@ impl Op for LayerNorm {
 
 struct RmsNorm;
 
+/// A norm over the last axis needs one: a 0-d `x` is a shape error at planning, on every device.
+fn check_not_scalar(op: &'static str, x: &Meta) -> OpResult<()> {
+    if x.shape.is_empty() {
+        Err(OpError::Shape {
+            op: op.into(),
+            expected: "x with at least one dimension".into(),
+            got: "shape ()".into(),
+        })?;
+    }
+    Ok(())
+}
+
 impl Op for RmsNorm {
     const NAME: &'static str = "rms_norm";
     const VERSION: u32 = 1;
@@ -224,6 +237,7 @@ impl Op for RmsNorm {
 
     fn infer(inputs: &Inputs<'_, Meta>, _: &Attrs<'_>) -> OpResult<Vec<Meta>> {
         let x = &inputs[0];
+        check_not_scalar(Self::NAME, x)?;
         check_param(Self::NAME, "weight", x, inputs.opt(1))?;
         Ok(vec![x.clone()])
     }

@@ -113,7 +113,7 @@ fn double_in_place<T: Element>(inout: &mut [T], parallel: bool) {
 pub unsafe fn add(dtype: DType, a: *const u8, b: *const u8, out: *mut u8, n: usize, alias: Alias) {
     if alias == Alias::None && n * dtype.size() >= streaming::STREAMING_MIN_BYTES && streaming::supported(dtype) {
         // SAFETY: forwarded; `alias == None` means `out` is disjoint from the inputs.
-        unsafe { add_streaming_parallel(dtype, a, b, out, n) };
+        unsafe { streaming_parallel(streaming::StreamOp::Add, dtype, a, b, out, n) };
         return;
     }
     let parallel = n >= thresholds::elementwise_parallel_min();
@@ -152,11 +152,19 @@ unsafe fn add_typed<T: Element>(a: *const T, b: *const T, out: *mut T, n: usize,
     }
 }
 
-/// Streaming-store add split across the compute pool in contiguous parts.
+/// A streaming-store binary op (see [`streaming::binary_streaming`]) split across the compute
+/// pool in contiguous parts. The caller checked [`streaming::supports`].
 ///
 /// # Safety
 /// As for [`add`] with disjoint `out`.
-unsafe fn add_streaming_parallel(dtype: DType, a: *const u8, b: *const u8, out: *mut u8, n: usize) {
+pub(crate) unsafe fn streaming_parallel(
+    op: streaming::StreamOp,
+    dtype: DType,
+    a: *const u8,
+    b: *const u8,
+    out: *mut u8,
+    n: usize,
+) {
     let size = dtype.size();
     let (a, b, out) = (a as usize, b as usize, out as usize);
     super::pool::install(|| {
@@ -167,7 +175,9 @@ unsafe fn add_streaming_parallel(dtype: DType, a: *const u8, b: *const u8, out: 
             let len = per_part.min(n - start);
             let at = |base: usize| base + start * size;
             // SAFETY: parts cover disjoint ranges of `out` inside the caller's `n` elements.
-            unsafe { streaming::add_streaming(dtype, at(a) as *const u8, at(b) as *const u8, at(out) as *mut u8, len) };
+            unsafe {
+                streaming::binary_streaming(op, dtype, at(a) as *const u8, at(b) as *const u8, at(out) as *mut u8, len)
+            };
         });
     });
 }

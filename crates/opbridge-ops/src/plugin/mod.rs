@@ -44,6 +44,18 @@ struct Handle {
     closed: AtomicBool,
     /// The library's release callback (ABI 3), run once before it is closed.
     release: Option<sys::OpbReleaseFn>,
+    released: AtomicBool,
+}
+
+impl Drop for Handle {
+    /// A library closed without an unload (a failed load, its registry gone): released too.
+    fn drop(&mut self) {
+        let lib = self.lib.get_mut().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(lib) = lib {
+            self.release_once();
+            drop(lib);
+        }
+    }
 }
 
 impl Handle {
@@ -77,12 +89,20 @@ impl Handle {
             lib.take()
         };
         let Some(lib) = lib else { return Ok(()) };
-        if let Some(release) = self.release {
-            // SAFETY: the library is still open (closed just below); its operators are
-            // unregistered and their calls, device work included, have finished (`unload`).
-            unsafe { release() };
-        }
+        self.release_once();
         lib.close().map_err(|e| plugin_error(&self.path, format!("closing failed: {e}")))
+    }
+
+    /// Calls the library's release callback, once. The library must still be open, and no call
+    /// of its operators running or queued (an unload waited for them; a failed load made none).
+    fn release_once(&self) {
+        if let Some(release) = self.release {
+            if !self.released.swap(true, Ordering::SeqCst) {
+                // SAFETY: the library is open (the caller's obligation: its mapping is dropped
+                // only after this returns).
+                unsafe { release() };
+            }
+        }
     }
 }
 
@@ -159,6 +179,16 @@ impl Library {
                 abi = theirs;
                 continue;
             }
+            if theirs != abi && abi != sys::OPBRIDGE_PLUGIN_ABI_VERSION {
+                return Err(plugin_error(
+                    &path,
+                    format!(
+                        "ABI version mismatch: the library answered ABI {abi} to an ABI {} host, then ABI {theirs} \
+                         to an ABI {abi} host (rebuild it against opbridge.get_include())",
+                        sys::OPBRIDGE_PLUGIN_ABI_VERSION
+                    ),
+                ));
+            }
             if theirs != abi {
                 return Err(plugin_error(
                     &path,
@@ -179,6 +209,15 @@ impl Library {
         }
         // ABI 2 had `reserved` where ABI 3 has `release` (NULL in a valid version 2 library).
         let release = if abi >= 3 { info.release } else { None };
+        // From here the library is initialized: however the load ends, the handle calls its
+        // release callback once before closing it (see `Drop for Handle`).
+        let handle = Arc::new(Handle {
+            path: path.clone(),
+            lib: RwLock::new(Some(lib)),
+            closed: AtomicBool::new(false),
+            release,
+            released: AtomicBool::new(false),
+        });
         // SAFETY: as above, `name` is NULL or a C string.
         let name = unsafe { result::library_name(info.name) };
         let n_ops =
@@ -204,12 +243,6 @@ impl Library {
             specs.push(spec);
         }
 
-        let handle = Arc::new(Handle {
-            path: path.clone(),
-            lib: RwLock::new(Some(lib)),
-            closed: AtomicBool::new(false),
-            release,
-        });
         let mut library = Library {
             path: path.clone(),
             abi,

@@ -358,8 +358,17 @@ pub unsafe fn validate(desc: &sys::OpbOpDesc, abi: u32) -> Result<OpSpec, String
         return Err(fail(format!("reserved fields must be NULL in ABI version {abi}")));
     }
     let device_kernels = if abi < 3 {
-        // Where ABI 2 had `reserved`: NULL in every valid version 2 descriptor.
-        if desc.n_device_kernels != 0 || !desc.device_kernels.is_null() {
+        // ABI 2's `reserved[4]` is where ABI 3 has `n_device_kernels` (and its padding),
+        // `device_kernels` and `reserved[2]`: all NULL in a valid version 2 descriptor, so every
+        // byte of it is zero, the padding's included.
+        const TAIL: usize = std::mem::offset_of!(sys::OpbOpDesc, n_device_kernels);
+        const _: () = assert!(std::mem::size_of::<sys::OpbOpDesc>() - TAIL == 32);
+        // SAFETY: `desc` points at a whole descriptor in the library's memory (the caller's
+        // word), whose last 32 bytes the library wrote as ABI 2's `reserved` pointers; read as
+        // plain bytes.
+        let tail: [u8; 32] =
+            unsafe { std::ptr::read_unaligned(std::ptr::from_ref(desc).cast::<u8>().add(TAIL).cast()) };
+        if tail.iter().any(|&b| b != 0) {
             return Err(fail("reserved fields must be NULL in ABI version 2".into()));
         }
         Vec::new()
@@ -412,21 +421,23 @@ unsafe fn device_kernels(
 ) -> Result<Vec<(opbridge_runtime::DeviceKind, sys::OpbKernelFn)>, String> {
     use opbridge_runtime::DeviceKind;
     let n = count(desc.n_device_kernels, 0, sys::OPB_MAX_DEVICE_KERNELS, "n_device_kernels")?;
+    if n == 0 && !desc.device_kernels.is_null() {
+        return Err("device_kernels is not NULL but n_device_kernels is 0".into());
+    }
     // SAFETY: forwarded to the caller; the count is checked.
     let slots = unsafe { array(desc.device_kernels, n, "device_kernels") }?;
     let mut kernels: Vec<(DeviceKind, sys::OpbKernelFn)> = Vec::with_capacity(n);
     for (i, slot) in slots.iter().enumerate() {
-        let kind = [DeviceKind::Ascend, DeviceKind::Cuda]
-            .into_iter()
-            .find(|k| k.dlpack_code() == slot.device_type)
-            .ok_or_else(|| {
-                format!(
-                    "device_kernels[{i}]: device type {} is not one opbridge has kernels for (Ascend is {}, CUDA {})",
-                    slot.device_type,
-                    DeviceKind::Ascend.dlpack_code(),
-                    DeviceKind::Cuda.dlpack_code()
-                )
-            })?;
+        // Ascend only: CUDA's slot (kDLCUDA) is taken once a CUDA device defines what its
+        // kernels receive; a kernel that could never run is refused, not listed.
+        let kind = [DeviceKind::Ascend].into_iter().find(|k| k.dlpack_code() == slot.device_type).ok_or_else(|| {
+            format!(
+                "device_kernels[{i}]: device type {} is not one opbridge has kernels for (OPB_DEVICE_ASCEND, {}, \
+                 is the one it runs today)",
+                slot.device_type,
+                DeviceKind::Ascend.dlpack_code()
+            )
+        })?;
         if slot.flags != 0 || slot.reserved.iter().any(|p| !p.is_null()) {
             return Err(format!("device_kernels[{i}]: flags and reserved fields must be 0 / NULL"));
         }

@@ -82,16 +82,18 @@ static aclrtFuncHandle function_on(int32_t id, char *err, size_t err_len) {
   aclrtFuncHandle f = functions[id];
   if (!f) {
     size_t size = (size_t)(scale_add_kernel_bin_end - scale_add_kernel_bin);
-    aclError rc = aclrtBinaryLoadFromData(scale_add_kernel_bin, size, NULL, &binaries[id]);
+    aclrtBinHandle bin = NULL; /* kept only once the function is found */
+    aclError rc = aclrtBinaryLoadFromData(scale_add_kernel_bin, size, NULL, &bin);
     if (rc) {
       acl_fail(err, err_len, "aclrtBinaryLoadFromData", rc);
-    } else if ((rc = aclrtBinaryGetFunction(binaries[id], "scale_add_kernel", &f))) {
+    } else if ((rc = aclrtBinaryGetFunction(bin, "scale_add_kernel", &f))) {
       acl_fail(err, err_len, "aclrtBinaryGetFunction", rc);
-      aclrtBinaryUnLoad(binaries[id]);
-      binaries[id] = NULL;
+      aclrtBinaryUnLoad(bin);
       f = NULL;
+    } else {
+      binaries[id] = bin;
+      functions[id] = f;
     }
-    functions[id] = f;
   }
   pthread_mutex_unlock(&loading);
   return f;

@@ -277,8 +277,9 @@ typedef size_t (*OpbWorkspaceFn)(const OpbMeta *inputs, int n_in, const OpbAttrs
  * copies) and returns at once, without synchronizing: opbridge orders the stream after earlier
  * work on the same tensors and keeps inputs, outputs and the workspace (device memory) alive
  * until the enqueued work has run. Never destroy the stream or enqueue on another one. A status
- * returned here fails the call at once; a failure of the enqueued work is the stream's, raised
- * as opbridge.DeviceError by its next synchronize. */
+ * returned here fails the call at once, and then the kernel must have enqueued nothing (check
+ * everything first, launch last); a failure of the enqueued work is the stream's, raised as
+ * opbridge.DeviceError by its next synchronize. */
 typedef int (*OpbKernelFn)(const DLTensor *inputs, int n_in, DLTensor *outputs, int n_out,
                            const OpbAttrs *attrs, void *stream, void *workspace,
                            size_t workspace_size, char *err_msg, size_t err_len);
@@ -293,7 +294,8 @@ typedef int (*OpbKernelFn)(const DLTensor *inputs, int n_in, DLTensor *outputs, 
  * calls on a device the operator has no kernel for raise opbridge.DeviceError naming the devices
  * it has. */
 typedef struct {
-  int32_t device_type; /* a DLPack device type: OPB_DEVICE_ASCEND (CUDA's kDLCUDA is reserved) */
+  int32_t device_type; /* a DLPack device type: OPB_DEVICE_ASCEND (others are refused at load; CUDA's
+                          kDLCUDA joins when opbridge has a CUDA device) */
   uint32_t flags;      /* must be 0 */
   OpbKernelFn kernel;  /* required: enqueues the work on the device's stream (see OpbKernelFn) */
   void *reserved[2];   /* must be NULL */
@@ -331,10 +333,12 @@ typedef struct {
   void *reserved[4];
 } OpbPluginHost;
 
-/* Release callback (optional, ABI 3): called once when the library is unloaded, after the last
- * call of its operators has finished (device work included) and before the library is closed.
- * Free what the kernels set up lazily there: loaded kernel binaries (aclrtBinaryUnLoad), device
- * buffers, handles. Not called for a library that stays loaded until the process ends. */
+/* Release callback (optional, ABI 3): called once before the library is closed, after the last
+ * call of its operators has finished (the device work they queued included): at unload, or when
+ * a load fails after a successful opbridge_plugin_init. Free what the kernels set up lazily:
+ * loaded kernel binaries (aclrtBinaryUnLoad), device buffers, handles. It runs on the thread
+ * that unloads, with no particular device current. Not called for a library that stays loaded
+ * until the process ends. */
 typedef void (*OpbReleaseFn)(void);
 
 /* What the library tells opbridge. It arrives zeroed. */
