@@ -225,3 +225,34 @@ def test_concurrent_staged_requests_get_their_own_results_or_errors(
         assert len(answered) >= 40
     finally:
         stop_server(served)
+
+
+def test_a_device_model_says_where_it_runs_and_what_it_takes(tmp_path: Path, example_plugin: Path) -> None:  # noqa: F811
+    repo = device_repo(tmp_path, example_plugin)
+    write_config(repo, "rms_npu", f'device = "{DEV}"\n[alias]\nop = "rms_norm"\n')
+    served, _ = serve(repo, tmp_path)
+    try:
+        config = json.loads(urllib.request.urlopen(f"http://{served.http}/v2/models/rms_npu/config", timeout=10).read())
+        assert config["instance_group"][0]["kind"] == "KIND_MODEL"
+        assert config["parameters"]["device"]["string_value"] == DEV
+        x = next(i for i in config["input"] if i["name"] == "x")
+        assert x["accepted_data_types"] == ["TYPE_FP16", "TYPE_FP32"], "CANN's RmsNorm has no float64"
+        auto = json.loads(urllib.request.urlopen(f"http://{served.http}/v2/models/mul_auto/config", timeout=10).read())
+        assert auto["parameters"]["device"]["string_value"] == "auto"
+        assert auto["instance_group"][0]["kind"] == "KIND_CPU"
+        # A float64 request is a client mistake (400), refused before the device runs anything.
+        client = th.InferenceServerClient(served.http)
+        x64 = th.InferInput("x", [2, 3], "FP64")
+        x64.set_data_from_numpy(np.ones((2, 3)), binary_data=True)
+        with pytest.raises(InferenceServerException) as refused:
+            client.infer("rms_npu", [x64])
+        assert "400" in str(refused.value.status()) or "float64" in str(refused.value)
+        # The device's pools are in the metrics.
+        infer(served, "add_npu", np.ones(1000, np.float32), np.ones(1000, np.float32))
+        text = urllib.request.urlopen(f"http://{served.metrics}/metrics", timeout=10).read().decode()
+        for name in ("opbridge_pool_reserved_bytes", "opbridge_pinned_pool_reserved_bytes"):
+            found = re.search(rf'{name}{{device="{DEV}"}} (\d+)', text)
+            assert found and int(found.group(1)) > 0, name
+        assert 'opbridge_pool_allocated_bytes{device="cpu:0"}' in text
+    finally:
+        stop_server(served)

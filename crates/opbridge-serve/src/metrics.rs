@@ -195,20 +195,53 @@ impl Metrics {
             );
         }
         self.render_sessions(&mut out, sessions);
-        let cpu = opbridge_runtime::DeviceContext::cpu().pool().stats();
-        let _ = writeln!(
-            out,
-            "# HELP opbridge_pool_allocated_bytes Bytes handed out by the device's caching pool\n# TYPE opbridge_pool_allocated_bytes gauge\nopbridge_pool_allocated_bytes{{device=\"cpu:0\"}} {}",
-            cpu.allocated_bytes_current
-        );
-        let _ = writeln!(
-            out,
-            "# HELP opbridge_pool_reserved_bytes Bytes the device's caching pool holds from the device\n# TYPE opbridge_pool_reserved_bytes gauge\nopbridge_pool_reserved_bytes{{device=\"cpu:0\"}} {}",
-            cpu.reserved_bytes_current
-        );
+        // The host's pool, and each device a loaded model runs on (its pinned staging pool too).
+        let mut devices = vec![opbridge_runtime::DeviceId::CPU];
+        for v in &loaded {
+            if !devices.contains(&v.device) {
+                devices.push(v.device);
+            }
+        }
+        let contexts: Vec<(String, &std::sync::Arc<opbridge_runtime::DeviceContext>)> = devices
+            .iter()
+            .filter_map(|&d| opbridge_runtime::DeviceContext::get(d).ok().map(|ctx| (d.to_string(), ctx)))
+            .collect();
+        let gauges: [PoolGauge; 4] = [
+            ("opbridge_pool_allocated_bytes", "Bytes handed out by the device's caching pool", false, |s| {
+                s.allocated_bytes_current as u64
+            }),
+            ("opbridge_pool_reserved_bytes", "Bytes the device's caching pool holds from the device", false, |s| {
+                s.reserved_bytes_current as u64
+            }),
+            (
+                "opbridge_pinned_pool_allocated_bytes",
+                "Bytes handed out by an accelerator's pinned host staging pool",
+                true,
+                |s| s.allocated_bytes_current as u64,
+            ),
+            (
+                "opbridge_pinned_pool_reserved_bytes",
+                "Bytes an accelerator's pinned host staging pool holds from the driver",
+                true,
+                |s| s.reserved_bytes_current as u64,
+            ),
+        ];
+        for (name, help, pinned, value) in gauges {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+            for (device, ctx) in &contexts {
+                if pinned && device.starts_with("cpu") {
+                    continue; // the host's staging pool is its own memory
+                }
+                let stats = if pinned { ctx.pinned_pool().stats() } else { ctx.pool().stats() };
+                let _ = writeln!(out, "{name}{{device=\"{device}\"}} {}", value(&stats));
+            }
+        }
         out
     }
 }
+
+/// A pool gauge: its name, help text, whether it reads the pinned staging pool, and the value.
+type PoolGauge = (&'static str, &'static str, bool, fn(&opbridge_runtime::PoolStats) -> u64);
 
 /// A label value escaped for the text format.
 fn escape(value: &str) -> String {

@@ -163,6 +163,19 @@ impl ModelVersion {
         self.config.max_request_bytes.map_or(limit, |own| own.min(limit))
     }
 
+    /// The dtypes input `spec` takes on this model's device: the operator's, less those its
+    /// kernel there does not compute in (CANN's RmsNorm has no float64). What the model's
+    /// configuration lists; a call with another is refused (400) before it runs.
+    pub fn input_dtypes(&self, spec: &opbridge_ops::schema::InputSpec) -> Vec<opbridge_runtime::DType> {
+        let schema = self.entry.schema();
+        let all = spec.dtypes(&schema.dtypes);
+        let kernel = match self.device.kind {
+            opbridge_runtime::DeviceKind::Cpu => None,
+            kind => self.entry.device_kernel(kind).and_then(|k| k.dtypes()),
+        };
+        all.iter().copied().filter(|d| kernel.is_none_or(|allowed| allowed.contains(d))).collect()
+    }
+
     /// Where the model's calls run when no route is chosen per request.
     pub fn path(&self) -> Route {
         match self.device.kind {

@@ -212,7 +212,8 @@ impl Server {
             .inputs
             .iter()
             .map(|i| {
-                let accepted = i.dtypes(&schema.dtypes);
+                let accepted = found.input_dtypes(i);
+                let accepted = &accepted[..];
                 json!({
                     "name": i.name,
                     "data_type": config_type(preferred(accepted)),
@@ -229,6 +230,8 @@ impl Server {
             .map(|o| json!({"name": o, "data_type": config_type(preferred(&schema.dtypes)), "dims": [-1]}))
             .collect();
         let mut parameters = serde_json::Map::new();
+        let device = if found.auto { "auto".to_string() } else { found.device.to_string() };
+        parameters.insert("device".into(), json!({"string_value": device}));
         for attr in &schema.attrs {
             let value = match &attr.default {
                 Some(v) => v.to_string(),
@@ -254,7 +257,12 @@ impl Server {
             "input": inputs,
             "output": outputs,
             "parameters": parameters,
-            "instance_group": [{"name": found.model, "kind": "KIND_CPU", "count": 1}],
+            // Triton's kinds name CPU and GPU; another accelerator is the model's own placement.
+            "instance_group": [{
+                "name": found.model,
+                "kind": if found.device.kind == opbridge_runtime::DeviceKind::Cpu { "KIND_CPU" } else { "KIND_MODEL" },
+                "count": 1,
+            }],
         });
         if let Some(batching) = &found.config.dynamic_batching {
             config["dynamic_batching"] = json!({
