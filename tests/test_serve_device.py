@@ -256,3 +256,38 @@ def test_a_device_model_says_where_it_runs_and_what_it_takes(tmp_path: Path, exa
         assert 'opbridge_pool_allocated_bytes{device="cpu:0"}' in text
     finally:
         stop_server(served)
+
+
+def test_a_bad_embedding_index_is_the_clients_mistake_on_the_device_too(tmp_path: Path, example_plugin: Path) -> None:  # noqa: F811
+    """The device kernel reads indices only when it runs; the server checks them on the
+    request's bytes first, as the host kernel does: 400, the same message, nothing launched."""
+    repo = device_repo(tmp_path, example_plugin)
+    write_config(repo, "bag_npu", f'device = "{DEV}"\n[alias]\nop = "embedding_bag"\n')
+    served, _ = serve(repo, tmp_path)
+    try:
+        client = th.InferenceServerClient(served.http)
+
+        def call(indices: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+            tensors = []
+            for name, array, kind in (
+                ("weight", np.arange(10, dtype=np.float32).reshape(5, 2), "FP32"),
+                ("indices", indices, "INT64"),
+                ("offsets", offsets, "INT64"),
+            ):
+                item = th.InferInput(name, list(array.shape), kind)
+                item.set_data_from_numpy(array, binary_data=True)
+                tensors.append(item)
+            return client.infer("bag_npu", tensors).as_numpy("out")
+
+        np.testing.assert_array_equal(call(np.array([0, 4]), np.array([0])), [[8, 10]])
+        for indices, offsets, message in (
+            (np.array([0, 5]), np.array([0]), "out of range"),
+            (np.array([7]), np.zeros(0, np.int64), "out of range"),  # an empty output too
+            (np.array([0, 1]), np.array([1]), "offsets"),
+        ):
+            with pytest.raises(InferenceServerException, match=message) as refused:
+                call(indices, offsets)
+            assert str(refused.value.status()) == "400", refused.value
+        np.testing.assert_array_equal(call(np.array([1]), np.array([0])), [[2, 3]])
+    finally:
+        stop_server(served)

@@ -33,6 +33,7 @@ pub struct Native<O: sdk::Op> {
     lane: Option<Lane>,
     view_lane: Option<ViewLane>,
     batching: Option<Batching>,
+    value_check: Option<crate::registry::HostValueCheck>,
     /// The last shape-function and input-dtype calls (the SDK requires both to be pure): a
     /// loop calls an operator with one signature over and over, and a repeat then skips the
     /// conversions to SDK metas (which allocate) and the call.
@@ -72,6 +73,7 @@ pub fn op<O: sdk::Op>() -> Result<Native<O>> {
         lane: None,
         view_lane: None,
         batching: None,
+        value_check: None,
         infer_memo: Mutex::new(None),
         dtypes_memo: Mutex::new(None),
         _op: PhantomData,
@@ -113,6 +115,13 @@ impl<O: sdk::Op> Native<O> {
     /// are computed independently, bit for bit (tested for every built-in that declares it).
     pub fn with_batching(mut self, batching: Batching) -> Self {
         self.batching = Some(batching);
+        self
+    }
+
+    /// Adds the value checks a host makes before a device runs the call (see
+    /// [`Operator::check_host_values`]).
+    pub fn with_value_check(mut self, check: crate::registry::HostValueCheck) -> Self {
+        self.value_check = Some(check);
         self
     }
 
@@ -232,6 +241,13 @@ impl<O: sdk::Op> Operator for Native<O> {
 
     fn batching(&self) -> Option<Batching> {
         self.batching
+    }
+
+    fn check_host_values(&self, inputs: &[Option<(&[u8], Meta)>], attrs: &Attrs) -> Result<()> {
+        match self.value_check {
+            Some(check) => check(inputs, attrs),
+            None => Ok(()),
+        }
     }
 }
 

@@ -104,7 +104,18 @@ pub trait Operator: Send + Sync {
     fn batching(&self) -> Option<Batching> {
         None
     }
+
+    /// The checks of the CPU kernel that need the inputs' values (`embedding_bag`'s indices in
+    /// range), made on their bytes by a caller that has them on the host before a device runs
+    /// the call: a device kernel cannot make them before it runs. Inputs as the caller passes
+    /// them (little-endian bytes, any alignment). Default: none.
+    fn check_host_values(&self, _inputs: &[Option<(&[u8], Meta)>], _attrs: &Attrs) -> Result<()> {
+        Ok(())
+    }
 }
+
+/// A [`Operator::check_host_values`] function.
+pub type HostValueCheck = fn(&[Option<(&[u8], Meta)>], &Attrs) -> Result<()>;
 
 /// How calls of an operator merge into one call along axis 0, the way a server batches small
 /// requests: the calls' inputs are concatenated along axis 0, except the `shared` ones, which

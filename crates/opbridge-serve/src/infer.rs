@@ -672,6 +672,14 @@ fn run_alone_on(
     let ctx = DeviceContext::get(model.device)?;
     let alloc = allocator(ctx, session);
     let route = if model.auto { auto_route(model, &checked) } else { model.path() };
+    if let Route::Device(_) = route {
+        // What the host kernel checks from the values (embedding_bag's indices), checked here on
+        // the request's bytes: a device kernel would only meet them while it runs (a device
+        // fault, not the client's 400).
+        let values: Vec<Option<(&[u8], opbridge_ops::Meta)>> =
+            checked.inputs.iter().map(|i| i.as_ref().map(|i| (&i.bytes[..], i.meta()))).collect();
+        model.entry.op.check_host_values(&values, &checked.attrs)?;
+    }
     let (results, input_ns, infer_ns) = match route {
         Route::Device(device) if model.auto => {
             let input_ns = checked.started.elapsed().as_nanos() as u64;

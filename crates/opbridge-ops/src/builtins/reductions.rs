@@ -36,7 +36,7 @@ pub fn all() -> Result<Vec<Arc<dyn Operator>>> {
         batched::<Softmax<true>>(SOFTMAX_ROWS)?,
         batched::<LayerNorm>(Batching { shared: &[1, 2], accepts: NORM_ROWS })?,
         batched::<RmsNorm>(Batching { shared: &[1], accepts: NORM_ROWS })?,
-        arc::<EmbeddingBag>()?,
+        Arc::new(native::op::<EmbeddingBag>()?.with_value_check(embedding_bag_values)),
         batched::<BatchedMatmul>(super::SHARED_B)?,
     ])
 }
@@ -255,6 +255,15 @@ impl Op for RmsNorm {
 }
 
 struct EmbeddingBag;
+
+/// `embedding_bag`'s index and offset checks on the host's bytes (see
+/// `Operator::check_host_values`): a device's kernel reads the indices only when it runs.
+fn embedding_bag_values(inputs: &[Option<(&[u8], crate::schema::Meta)>], _: &crate::schema::Attrs) -> Result<()> {
+    let [Some((_, weight)), Some((indices, im)), Some((offsets, om))] = inputs else { return Ok(()) };
+    let Some(&rows) = weight.shape.first() else { return Ok(()) };
+    crate::cpu::embedding::check_bag_values(rows, (indices, im.dtype), (offsets, om.dtype))
+        .map_err(|e| OpError::cpu_kernel("embedding_bag", e))
+}
 
 impl EmbeddingBag {
     fn mode(attrs: &Attrs<'_>) -> OpResult<BagMode> {

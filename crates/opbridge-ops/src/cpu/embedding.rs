@@ -101,30 +101,8 @@ pub unsafe fn embedding_bag(
 
     // Validate everything before touching a weight row.
     // SAFETY: both are valid 1-D integer views (caller's contract, dtypes checked above).
-    let rows = unsafe { read_ints(indices) }?;
-    let mut rows_checked = Vec::with_capacity(rows.len());
-    for (position, &row) in rows.iter().enumerate() {
-        if row < 0 || row as u64 >= num_embeddings as u64 {
-            return Err(KernelError::IndexOutOfRange { position, index: row, rows: num_embeddings });
-        }
-        rows_checked.push(row as usize);
-    }
-    // SAFETY: as above.
-    let starts = unsafe { read_ints(offsets) }?;
-    let mut bounds = Vec::with_capacity(bags + 1);
-    for (position, &start) in starts.iter().enumerate() {
-        if position == 0 && start != 0 {
-            return Err(KernelError::OffsetsStart { got: start });
-        }
-        if position > 0 && start < starts[position - 1] {
-            return Err(KernelError::OffsetsDecrease { position, offset: start, previous: starts[position - 1] });
-        }
-        if start as u64 > rows.len() as u64 {
-            return Err(KernelError::OffsetBeyondEnd { position, offset: start, len: rows.len() });
-        }
-        bounds.push(start as usize);
-    }
-    bounds.push(rows.len());
+    let (rows, starts) = unsafe { (read_ints(indices)?, read_ints(offsets)?) };
+    let (rows_checked, bounds) = check_bags(num_embeddings, &rows, &starts)?;
     if bags == 0 || dim == 0 {
         return Ok(());
     }
@@ -157,6 +135,53 @@ pub unsafe fn embedding_bag(
 ///
 /// # Safety
 /// `v` is a valid 1-D view of its (integer) dtype.
+/// The row of every index (each in `0..num_embeddings`) and the bounds of every bag (offsets
+/// from 0, non-decreasing, within the indices; the last bag ends at the last index).
+fn check_bags(num_embeddings: usize, rows: &[i64], starts: &[i64]) -> Result<(Vec<usize>, Vec<usize>), KernelError> {
+    let mut rows_checked = Vec::with_capacity(rows.len());
+    for (position, &row) in rows.iter().enumerate() {
+        if row < 0 || row as u64 >= num_embeddings as u64 {
+            return Err(KernelError::IndexOutOfRange { position, index: row, rows: num_embeddings });
+        }
+        rows_checked.push(row as usize);
+    }
+    let mut bounds = Vec::with_capacity(starts.len() + 1);
+    for (position, &start) in starts.iter().enumerate() {
+        if position == 0 && start != 0 {
+            return Err(KernelError::OffsetsStart { got: start });
+        }
+        if position > 0 && start < starts[position - 1] {
+            return Err(KernelError::OffsetsDecrease { position, offset: start, previous: starts[position - 1] });
+        }
+        if start as u64 > rows.len() as u64 {
+            return Err(KernelError::OffsetBeyondEnd { position, offset: start, len: rows.len() });
+        }
+        bounds.push(start as usize);
+    }
+    bounds.push(rows.len());
+    Ok((rows_checked, bounds))
+}
+
+/// The checks of [`embedding_bag`] that need the indices' and offsets' values, on their bytes
+/// (little-endian int32 or int64, any alignment): for a device whose kernel cannot make them
+/// before it runs, by a caller that has the bytes on the host (a server's request).
+pub fn check_bag_values(
+    num_embeddings: usize,
+    indices: (&[u8], DType),
+    offsets: (&[u8], DType),
+) -> Result<(), KernelError> {
+    let ints = |(bytes, dtype): (&[u8], DType), what: &'static str| -> Result<Vec<i64>, KernelError> {
+        Ok(match dtype {
+            DType::I32 => {
+                bytes.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes")) as i64).collect()
+            }
+            DType::I64 => bytes.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect(),
+            got => return Err(KernelError::DTypeNotIn { what, expected: "int32 or int64", got }),
+        })
+    };
+    check_bags(num_embeddings, &ints(indices, "indices")?, &ints(offsets, "offsets")?).map(drop)
+}
+
 unsafe fn read_ints(v: &TensorView) -> Result<Vec<i64>, KernelError> {
     let (n, stride) = (v.shape[0], v.strides[0]);
     // A broadcast view may be far larger logically than in memory: a typed error, not an abort.
