@@ -222,7 +222,7 @@ def test_concurrent_staged_requests_get_their_own_results_or_errors(
         for t in threads:
             t.join(timeout=120)
         assert not wrong, f"requests answered with another's data: {wrong}"
-        assert len(answered) >= 40
+        assert 40 <= len(answered) < 60, f"{len(answered)} of 60 answered: the injected failures must fail some"
     finally:
         stop_server(served)
 
@@ -246,7 +246,8 @@ def test_a_device_model_says_where_it_runs_and_what_it_takes(tmp_path: Path, exa
         x64.set_data_from_numpy(np.ones((2, 3)), binary_data=True)
         with pytest.raises(InferenceServerException) as refused:
             client.infer("rms_npu", [x64])
-        assert "400" in str(refused.value.status()) or "float64" in str(refused.value)
+        assert str(refused.value.status()) == "400", refused.value
+        assert "float64" in str(refused.value)
         # The device's pools are in the metrics.
         infer(served, "add_npu", np.ones(1000, np.float32), np.ones(1000, np.float32))
         text = urllib.request.urlopen(f"http://{served.metrics}/metrics", timeout=10).read().decode()

@@ -409,16 +409,19 @@ impl Entry {
         // Device launches end when their stream gets there, not when the call returns: wait
         // for every one still queued (checked waits: from stream work, one queued behind it
         // fails instead of hanging).
-        let pending: Vec<Mark> = self.queued.lock().unwrap_or_else(|p| p.into_inner()).drain(..).collect();
+        let pending: Vec<Mark> = self.queued.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect();
         for mark in &pending {
             if let Err(error) = mark.synchronize() {
-                // From stream work: a launch queued behind it (the wait would never end).
-                // Elsewhere the launch has ended, failed: nothing of the operator runs any more.
+                // From stream work: a launch queued behind it (the wait would never end); the
+                // marks stay, for a later wait. Elsewhere the launch has ended, failed: nothing
+                // of the operator runs any more.
                 if checked {
                     return Err(error);
                 }
             }
         }
+        // Every one waited for, so passed: forget those (a launch noted meanwhile stays).
+        self.queued.lock().unwrap_or_else(|p| p.into_inner()).retain(|m| !m.known_done());
         Ok(())
     }
 }

@@ -184,20 +184,17 @@ pub fn binary_lane_accepts(op: BinaryOp, dtype: DType) -> bool {
 pub unsafe fn binary_contiguous(op: BinaryOp, dtype: DType, a: usize, b: usize, out: usize, len: usize) {
     debug_assert!(binary_lane_accepts(op, dtype));
     // Outputs far larger than the cache, disjoint from the inputs: streaming stores (the
-    // destination is not read first), bit-identical results.
-    let streamed = match op {
-        BinaryOp::Add => Some(super::streaming::StreamOp::Add),
-        BinaryOp::Sub => Some(super::streaming::StreamOp::Sub),
-        BinaryOp::Mul => Some(super::streaming::StreamOp::Mul),
-        BinaryOp::Div => Some(super::streaming::StreamOp::Div),
-        _ => None,
-    };
-    if let Some(sop) = streamed {
-        if out != a
-            && out != b
-            && len.saturating_mul(dtype.size()) >= super::streaming::STREAMING_MIN_BYTES
-            && super::streaming::supports(sop, dtype)
-        {
+    // destination is not read first), bit-identical results. The size test comes first: a
+    // small call pays one comparison.
+    if len.saturating_mul(dtype.size()) >= super::streaming::STREAMING_MIN_BYTES && out != a && out != b {
+        let streamed = match op {
+            BinaryOp::Add => Some(super::streaming::StreamOp::Add),
+            BinaryOp::Sub => Some(super::streaming::StreamOp::Sub),
+            BinaryOp::Mul => Some(super::streaming::StreamOp::Mul),
+            BinaryOp::Div => Some(super::streaming::StreamOp::Div),
+            _ => None,
+        };
+        if let Some(sop) = streamed.filter(|&sop| super::streaming::supports(sop, dtype)) {
             // SAFETY: the lane's contract: `len` valid elements each, `out` disjoint from both
             // inputs (it is not exactly either, and the contract allows nothing in between).
             unsafe { super::elementwise::streaming_parallel(sop, dtype, a as _, b as _, out as _, len) };
