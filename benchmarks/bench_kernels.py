@@ -58,6 +58,8 @@ def ob_unary(name: str):
     if name == "gelu_tanh":
         return functools.partial(ob.ops.gelu, approximate="tanh")
     return ob.ops.gelu if name == "gelu_erf" else ob.ops.get(name)
+
+
 REDUCTIONS = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min, "argmax": np.argmax}
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -25,20 +26,23 @@ def main() -> None:
     print("|---|---|---:|---:|---:|---:|---:|")
     rng = np.random.default_rng(0)
     result = {}
-    for n in (64, 256, 1024):
-        for dtype in (np.float32, np.float64):
-            a = rng.random((n, n)).astype(dtype)
-            b = rng.random((n, n)).astype(dtype)
-            c = np.empty_like(a)
-            assert np.allclose(ob.matmul(a, b), a @ b, rtol=1e-3)
-            t_ob = best_time(lambda: ob.matmul(a, b, out=c), 0.3)
-            t_np = best_time(lambda: np.matmul(a, b, out=c), 0.3)
-            flops = 2 * n**3
-            result[(n, np.dtype(dtype).name)] = t_ob / t_np
-            print(
-                f"| {n}² | {np.dtype(dtype).name} | {fmt_time(t_ob)} | {flops / t_ob / 1e9:.1f} | "
-                f"{fmt_time(t_np)} | {flops / t_np / 1e9:.1f} | {t_ob / t_np:.2f} |"
-            )
+    squares = [(n, dtype) for n in (64, 256, 1024) for dtype in (np.float32, np.float64)] + [(2048, np.float32)]
+    for n, dtype in squares:
+        a = rng.random((n, n)).astype(dtype)
+        b = rng.random((n, n)).astype(dtype)
+        c = np.empty_like(a)
+        assert np.allclose(ob.matmul(a, b), a @ b, rtol=1e-3)
+        # Each side timed alone: OpenBLAS's threads busy-wait ~0.1 s after numpy's last call
+        # and would take the second core from the next opbridge run.
+        time.sleep(0.3)
+        t_ob = best_time(lambda: ob.matmul(a, b, out=c), 0.3)
+        t_np = best_time(lambda: np.matmul(a, b, out=c), 0.3)
+        flops = 2 * n**3
+        result[(n, np.dtype(dtype).name)] = t_ob / t_np
+        print(
+            f"| {n}² | {np.dtype(dtype).name} | {fmt_time(t_ob)} | {flops / t_ob / 1e9:.1f} | "
+            f"{fmt_time(t_np)} | {flops / t_np / 1e9:.1f} | {t_ob / t_np:.2f} |"
+        )
     print("\n## batched and broadcast batches (`ob.ops.matmul`, numpy's `@` rules)\n")
     print("| a | b | dtype | opbridge | GFLOP/s | numpy | time ratio ob/np |")
     print("|---|---|---|---:|---:|---:|---:|")
@@ -57,6 +61,7 @@ def main() -> None:
             want = np.matmul(a.astype(np.float32), b.astype(np.float32))
             c = np.empty(want.shape, dtype)
             np.testing.assert_allclose(ob.ops.matmul(a, b).astype(np.float32), want, rtol=2e-2, atol=1e-2)
+            time.sleep(0.3)  # alone, as above
             t_ob = best_time(lambda: ob.ops.matmul(a, b, out=c), 0.3)
             t_np = best_time(lambda: np.matmul(a, b, out=c), 0.3)
             flops = 2 * want.size * a_shape[-1]

@@ -24,7 +24,7 @@ use rayon::prelude::*;
 use super::error::KernelError;
 use super::matmul::{self, MatRef};
 use super::reduce::{avx2_multiversion, offsets_at};
-use super::thresholds::BATCHED_MATMUL_PARALLEL_MIN_FLOPS;
+use super::thresholds::{BATCHED_MATMUL_PARALLEL_MIN_FLOPS, BATCHED_MATMUL_WHOLE_PRODUCT_MAX_FLOPS};
 use super::Element;
 use crate::view::TensorView;
 
@@ -208,11 +208,11 @@ pub unsafe fn batched_matmul(a: &TensorView, b: &TensorView, out: &TensorView) -
             }
         }
     };
-    if batches > 1
-        && flops < BATCHED_MATMUL_PARALLEL_MIN_FLOPS
-        && flops.saturating_mul(batches) >= BATCHED_MATMUL_PARALLEL_MIN_FLOPS
-    {
-        // Many small products: one thread each, batches in parallel.
+    let threads = rayon::current_num_threads();
+    let many_small = flops < BATCHED_MATMUL_PARALLEL_MIN_FLOPS;
+    let many_whole = flops <= BATCHED_MATMUL_WHOLE_PRODUCT_MAX_FLOPS && batches >= 2 * threads;
+    if batches > 1 && (many_small || many_whole) && flops.saturating_mul(batches) >= BATCHED_MATMUL_PARALLEL_MIN_FLOPS {
+        // Many small (or mid-sized) products: one thread each, batches in parallel.
         super::pool::install(|| {
             let per_task = (BATCHED_MATMUL_PARALLEL_MIN_FLOPS / flops.max(1))
                 .clamp(1, batches.div_ceil(rayon::current_num_threads()));

@@ -34,6 +34,13 @@ pub const TRANSCENDENTAL_PARALLEL_MIN_ELEMS: usize = 1 << 17;
 /// `calibrate()` or `set`, so it stays equal to the 2-D default until it is measured on its own.
 pub const BATCHED_MATMUL_PARALLEL_MIN_FLOPS: usize = MATMUL_PARALLEL_MIN_FLOPS;
 
+/// Batched matmul: products of up to this many multiply-adds (256^3) run whole, one thread
+/// each, batches in parallel, when there are at least two batches per thread. A product this
+/// small split across threads pays a pool wake-up and a join per batch (the broadcast
+/// `(4,1,128,128) @ (1,6,128,128)` of `bench_matmul.py` took 1.56x numpy's time that way);
+/// larger ones share their packed panels better inside one parallel `gemm`.
+pub const BATCHED_MATMUL_WHOLE_PRODUCT_MAX_FLOPS: usize = 1 << 24;
+
 /// Reductions (`reduce`): below this many input elements a reduction stays on the calling thread.
 /// Fixed, not calibrated: an initial value of the same order as the elementwise default (both are
 /// memory-bound), chosen when the kernel was written ("to be recalibrated"). It does not follow the

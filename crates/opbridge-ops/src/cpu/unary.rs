@@ -14,9 +14,9 @@ use opbridge_runtime::DType;
 
 use super::broadcast::{self, StridedLoop};
 use super::error::KernelError;
-use super::math::{erfc_with, FloatElement, Fused, IntElement, Mla, Plain, Real};
+use super::math::{erfc_with, narrow_f16, widen_f16, FloatElement, Fused, IntElement, Mla, Plain, Real, F16_CHUNK};
 #[cfg(target_arch = "x86_64")]
-use super::math::{exp_f32_avx512, tanh_f32_avx512};
+use super::math::{WholeRun, EXP_AVX512, LOG_AVX512, SIGMOID_AVX512, SILU_AVX512, TANH_AVX512};
 use super::thresholds;
 use super::Element;
 use crate::view::TensorView;
@@ -291,6 +291,10 @@ impl<T: FloatElement> FloatOpSink<T::R> for Strided<T> {
 /// # Safety
 /// As for [`FloatElement::map_contiguous`].
 unsafe fn float_contiguous<T: FloatElement>(op: UnaryOp, x: *const T, out: *mut T, len: usize) {
+    if T::DTYPE == DType::F16 {
+        // SAFETY: `T` is f16 (its dtype says so); the run is as the caller promises.
+        return unsafe { f16_contiguous(op, x.cast(), out.cast(), len) };
+    }
     #[inline(always)]
     fn body<T: FloatElement, M: Mla>(op: UnaryOp, x: *const T, out: *mut T, len: usize) {
         with_float_op::<T::R, M>(op, Contiguous { x, out, len });
@@ -300,16 +304,11 @@ unsafe fn float_contiguous<T: FloatElement>(op: UnaryOp, x: *const T, out: *mut 
         #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")]
         fn avx512<T: FloatElement>(op: UnaryOp, x: *const T, out: *mut T, len: usize) {
             if T::DTYPE == DType::F32 {
-                let kernel: Option<unsafe fn(*const f32, *mut f32, usize)> = match op {
-                    UnaryOp::Tanh => Some(tanh_f32_avx512),
-                    UnaryOp::Exp => Some(exp_f32_avx512),
-                    _ => None,
-                };
-                if let Some(kernel) = kernel {
+                if let Some(kernel) = whole_run_avx512(op) {
                     // SAFETY: `T` is f32 (its dtype says so); the run is as `float_contiguous`'s
                     // caller promises, and this function runs only on CPUs with the kernels'
                     // features.
-                    return unsafe { kernel(x.cast(), out.cast(), len) };
+                    return unsafe { (kernel.f32)(x.cast(), out.cast(), len) };
                 }
             }
             body::<T, Fused>(op, x, out, len)
@@ -322,11 +321,11 @@ unsafe fn float_contiguous<T: FloatElement>(op: UnaryOp, x: *const T, out: *mut 
         fn avx2<T: FloatElement>(op: UnaryOp, x: *const T, out: *mut T, len: usize) {
             body::<T, Plain>(op, x, out, len)
         }
-        use std::arch::is_x86_feature_detected as has;
-        if has!("avx512f") && has!("avx512vl") && has!("avx512bw") && has!("avx512dq") && has!("fma") {
+        if has_avx512() {
             // SAFETY: the CPU has these features (checked just above).
             return unsafe { avx512(op, x, out, len) };
         }
+        use std::arch::is_x86_feature_detected as has;
         if has!("avx2") && has!("fma") {
             // SAFETY: as above.
             return unsafe { avx2_fma(op, x, out, len) };
@@ -337,6 +336,70 @@ unsafe fn float_contiguous<T: FloatElement>(op: UnaryOp, x: *const T, out: *mut 
         }
     }
     body::<T, Plain>(op, x, out, len)
+}
+
+/// Whether the CPU runs the AVX-512 kernels (the features `float_contiguous`'s `avx512` and
+/// the [`WholeRun`] kernels are compiled for, F16C included).
+#[cfg(target_arch = "x86_64")]
+fn has_avx512() -> bool {
+    use std::arch::is_x86_feature_detected as has;
+    has!("avx512f") && has!("avx512vl") && has!("avx512bw") && has!("avx512dq") && has!("fma") && has!("f16c")
+}
+
+/// The hand-written AVX-512 kernels over whole runs, for the ops that have one.
+#[cfg(target_arch = "x86_64")]
+fn whole_run_avx512(op: UnaryOp) -> Option<WholeRun> {
+    match op {
+        UnaryOp::Exp => Some(EXP_AVX512),
+        UnaryOp::Log => Some(LOG_AVX512),
+        UnaryOp::Tanh => Some(TANH_AVX512),
+        UnaryOp::Sigmoid => Some(SIGMOID_AVX512),
+        UnaryOp::Silu => Some(SILU_AVX512),
+        _ => None,
+    }
+}
+
+/// `out = op(x)` over one contiguous float16 run. `neg` and `abs` flip or clear the sign bit,
+/// as numpy's `npy_half_neg` and `npy_half_abs` do (exact for every value, NaN payloads
+/// included). Every other op widens a chunk to float32, runs the float32 kernel over it (the
+/// AVX-512 ones included) and rounds back once.
+///
+/// # Safety
+/// As for [`float_contiguous`].
+unsafe fn f16_contiguous(op: UnaryOp, x: *const f16, out: *mut f16, len: usize) {
+    // (bits flipped, bits kept) of the sign operations.
+    let sign_op = match op {
+        UnaryOp::Neg => Some((0x8000u16, 0xffffu16)),
+        UnaryOp::Abs => Some((0, 0x7fff)),
+        _ => None,
+    };
+    if let Some((flip, keep)) = sign_op {
+        let (x, out) = (x.cast::<u16>(), out.cast::<u16>());
+        for i in 0..len {
+            // SAFETY: element `i < len` of both runs (caller's contract); read before it is
+            // written, so `out == x` is fine.
+            unsafe { *out.add(i) = (*x.add(i) ^ flip) & keep };
+        }
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let Some(kernel) = whole_run_avx512(op).filter(|_| has_avx512()) {
+        // SAFETY: the run is as the caller promises; the CPU has the kernel's features.
+        return unsafe { (kernel.f16)(x, out, len) };
+    }
+    let mut buf = [0f32; F16_CHUNK];
+    let mut start = 0;
+    while start < len {
+        let buf = &mut buf[..F16_CHUNK.min(len - start)];
+        // SAFETY: inside the run (caller's contract); when `out` is `x`, the shared slice is
+        // gone before the mutable one over the same elements is made.
+        widen_f16(unsafe { std::slice::from_raw_parts(x.add(start), buf.len()) }, buf);
+        // SAFETY: the buffer is `buf.len()` float32 elements, computed in place.
+        unsafe { float_contiguous::<f32>(op, buf.as_ptr(), buf.as_mut_ptr(), buf.len()) };
+        // SAFETY: as above.
+        narrow_f16(buf, unsafe { std::slice::from_raw_parts_mut(out.add(start), buf.len()) });
+        start += buf.len();
+    }
 }
 
 fn run_int<T: IntElement>(op: UnaryOp, lp: &StridedLoop<2>, min: usize) -> Result<(), KernelError> {

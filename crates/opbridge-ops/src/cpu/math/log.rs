@@ -4,6 +4,23 @@
 
 use super::{horner, Mla};
 
+/// The bits of sqrt(1/2) in float32: [`log_f32_with`]'s significand is re-based on it.
+pub(super) const LOG_F32_SQRT_HALF: i32 = 0x3f35_04f3;
+/// Cephes' `logf` polynomial in `f = m - 1`, highest coefficient first.
+pub(super) const LOG_F32_POLY: [f64; 9] = [
+    7.037_683_6e-2,
+    -1.151_461e-1,
+    1.167_699_9e-1,
+    -1.242_014_1e-1,
+    1.424_932_3e-1,
+    -1.666_805_8e-1,
+    2.000_071_4e-1,
+    -2.499_999_4e-1,
+    3.333_333_1e-1,
+];
+/// ln 2 = 0.693359375 - 2.12194440e-4, the first part exact in `k * it`.
+pub(super) const LOG_F32_LN2: (f32, f32) = (0.693_359_4, -2.121_944_4e-4);
+
 /// `ln x` in float32, branch-free so loops vectorize (libm's `logf` is a call per element):
 /// Cephes' `logf` polynomial in `m - 1`, where `x = m 2^k` with `m` in [sqrt(1/2), sqrt(2)),
 /// within 1 ulp. Subnormals are scaled into the normal range first; `ln 0 = -inf`,
@@ -16,28 +33,14 @@ pub(super) fn log_f32_with<M: Mla>(x: f32) -> f32 {
     // Adding 1 - sqrt(1/2) to the significand carries into the exponent exactly when it is at
     // least sqrt(2), so the exponent field gives k and the significand bits, re-based on
     // sqrt(1/2), give m.
-    let ix = (xs.to_bits() as i32).wrapping_add(0x3f80_0000 - 0x3f35_04f3);
+    let ix = (xs.to_bits() as i32).wrapping_add(0x3f80_0000 - LOG_F32_SQRT_HALF);
     let k = (ix >> 23) - 0x7f - if sub { 25 } else { 0 };
-    let m = f32::from_bits(((ix & 0x007f_ffff) + 0x3f35_04f3) as u32);
+    let m = f32::from_bits(((ix & 0x007f_ffff) + LOG_F32_SQRT_HALF) as u32);
     let (f, e) = (m - 1.0, k as f32);
     let z = f * f;
-    let p = horner::<f32, M, 9>(
-        f,
-        [
-            7.037_683_6e-2,
-            -1.151_461e-1,
-            1.167_699_9e-1,
-            -1.242_014_1e-1,
-            1.424_932_3e-1,
-            -1.666_805_8e-1,
-            2.000_071_4e-1,
-            -2.499_999_4e-1,
-            3.333_333_1e-1,
-        ],
-    );
-    // ln 2 = 0.693359375 - 2.12194440e-4, the first part exact in e * it.
-    let y = M::mla(z, -0.5, M::mla(e, -2.121_944_4e-4, p * z * f));
-    let r = M::mla(e, 0.693_359_4, f + y);
+    let p = horner::<f32, M, 9>(f, LOG_F32_POLY);
+    let y = M::mla(z, -0.5, M::mla(e, LOG_F32_LN2.1, p * z * f));
+    let r = M::mla(e, LOG_F32_LN2.0, f + y);
     let r = if x == f32::INFINITY { x } else { r };
     let r = if x == 0.0 { f32::NEG_INFINITY } else { r };
     let r = if x < 0.0 { f32::NAN } else { r };

@@ -19,13 +19,13 @@ mod tests;
 mod x86_avx512;
 
 use self::log::{log_f32_with, log_f64_with};
-pub(crate) use element::{FloatElement, IntElement};
+pub(crate) use element::{narrow_f16, widen_f16, FloatElement, IntElement, F16_CHUNK};
 pub(crate) use erf::erfc_with;
 pub(crate) use exp::exp_f32;
 use exp::{exp_f32_with, exp_f64_with, exp_sum_f32_with, exp_sum_f64_with};
 use tanh::{tanh_f32_with, tanh_f64_with};
 #[cfg(target_arch = "x86_64")]
-pub(crate) use x86_avx512::{exp_f32_avx512, tanh_f32_avx512};
+pub(crate) use x86_avx512::{WholeRun, EXP_AVX512, LOG_AVX512, SIGMOID_AVX512, SILU_AVX512, TANH_AVX512};
 
 /// Float math in the type an element computes in: `f32` for float16 and float32, `f64` for
 /// float64.

@@ -61,7 +61,7 @@ fn avx512_tanh_f32_stays_within_an_ulp() {
         let mut out = vec![f32::NAN; xs.len()];
         // SAFETY: the CPU has the features (checked above); `xs` and `out` are disjoint, of
         // the length passed.
-        unsafe { super::tanh_f32_avx512(xs.as_ptr(), out.as_mut_ptr(), xs.len()) };
+        unsafe { super::x86_avx512::tanh_f32_avx512(xs.as_ptr(), out.as_mut_ptr(), xs.len()) };
         out
     };
     // Relative to |tanh|, in float32 epsilons, as the scalar sweep above.
@@ -108,7 +108,7 @@ fn avx512_tanh_f32_stays_within_an_ulp() {
     }
     let mut inplace = xs.clone();
     // SAFETY: as above, with `out == x`.
-    unsafe { super::tanh_f32_avx512(inplace.as_ptr(), inplace.as_mut_ptr(), inplace.len()) };
+    unsafe { super::x86_avx512::tanh_f32_avx512(inplace.as_ptr(), inplace.as_mut_ptr(), inplace.len()) };
     assert_eq!(inplace, whole);
 }
 
@@ -123,7 +123,7 @@ fn avx512_exp_f32_stays_within_an_ulp() {
         let mut out = vec![f32::NAN; xs.len()];
         // SAFETY: the CPU has the features (checked above); `xs` and `out` are disjoint, of
         // the length passed.
-        unsafe { super::exp_f32_avx512(xs.as_ptr(), out.as_mut_ptr(), xs.len()) };
+        unsafe { super::x86_avx512::exp_f32_avx512(xs.as_ptr(), out.as_mut_ptr(), xs.len()) };
         out
     };
     // In units of the float32 spacing at `want` (of the smallest subnormal below the normal
@@ -172,7 +172,7 @@ fn avx512_exp_f32_stays_within_an_ulp() {
     }
     let mut inplace = xs.clone();
     // SAFETY: as above, with `out == x`.
-    unsafe { super::exp_f32_avx512(inplace.as_ptr(), inplace.as_mut_ptr(), inplace.len()) };
+    unsafe { super::x86_avx512::exp_f32_avx512(inplace.as_ptr(), inplace.as_mut_ptr(), inplace.len()) };
     assert_eq!(inplace, whole);
 }
 
@@ -339,4 +339,193 @@ fn log_and_erfc_f64_within_a_few_ulp<M: super::Mla>() {
     }
     assert_eq!((erfc(f64::INFINITY), erfc(f64::NEG_INFINITY)), (0.0, 2.0));
     assert!(erfc(f64::NAN).is_nan());
+}
+
+/// Whether the CPU runs the [`WholeRun`](super::WholeRun) kernels.
+#[cfg(target_arch = "x86_64")]
+fn has_whole_run_features() -> bool {
+    use std::arch::is_x86_feature_detected as has;
+    has!("avx512f") && has!("avx512vl") && has!("avx512bw") && has!("avx512dq") && has!("fma") && has!("f16c")
+}
+
+/// `kernel` over `xs` into a new vector; every tail length and in place give the same.
+#[cfg(target_arch = "x86_64")]
+fn whole_run<T: Copy>(kernel: unsafe fn(*const T, *mut T, usize), xs: &[T]) -> Vec<T> {
+    let mut out = xs.to_vec();
+    // SAFETY: the caller checked the CPU's features; `xs` and `out` are disjoint, of the
+    // length passed.
+    unsafe { kernel(xs.as_ptr(), out.as_mut_ptr(), xs.len()) };
+    out
+}
+
+/// Every tail length (masked) and in place give what the whole run gives.
+#[cfg(target_arch = "x86_64")]
+fn tails_and_in_place<T: Copy + std::fmt::Debug>(
+    kernel: unsafe fn(*const T, *mut T, usize),
+    xs: &[T],
+    bits: impl Fn(T) -> u32,
+) {
+    let whole: Vec<u32> = whole_run(kernel, xs).into_iter().map(&bits).collect();
+    for n in 0..=xs.len().min(70) {
+        let part: Vec<u32> = whole_run(kernel, &xs[..n]).into_iter().map(&bits).collect();
+        assert_eq!(part, whole[..n]);
+    }
+    let mut inplace = xs.to_vec();
+    // SAFETY: as in `whole_run`, with `out == x`.
+    unsafe { kernel(inplace.as_ptr(), inplace.as_mut_ptr(), inplace.len()) };
+    assert_eq!(inplace.into_iter().map(bits).collect::<Vec<_>>(), whole);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx512_log_f32_is_the_fused_loop_bit_for_bit() {
+    if !has_whole_run_features() {
+        return;
+    }
+    // Every 997th bit pattern of both signs (subnormals, zeros, infinities and NaNs among
+    // them), the neighbourhoods of 1 and of the normal range's edge, and vectors that mix
+    // special lanes with normal ones (the kernel's slow path) or hold none (its fast path).
+    let mut xs: Vec<f32> = (0..=u32::MAX).step_by(997).map(f32::from_bits).collect();
+    xs.extend((0..20_000).flat_map(|i| [f32::from_bits(1f32.to_bits() + i), f32::from_bits(1f32.to_bits() - i)]));
+    let edge = f32::MIN_POSITIVE.to_bits();
+    xs.extend((edge - 40..edge + 40).map(f32::from_bits));
+    xs.extend([0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, -f32::NAN, f32::MAX, 1e-45, -1.0]);
+    let got = whole_run(super::x86_avx512::log_f32_avx512, &xs);
+    for (&x, g) in xs.iter().zip(got) {
+        let want = super::log_f32_with::<super::Fused>(x);
+        assert_eq!(g.to_bits(), want.to_bits(), "log({x:e}) = {g:e}, the loop gives {want:e}");
+    }
+    let mixed: Vec<f32> = (0..80).map(|i| if i % 23 == 5 { -(i as f32) } else { 0.37 * i as f32 + 1e-40 }).collect();
+    tails_and_in_place(super::x86_avx512::log_f32_avx512, &mixed, f32::to_bits);
+}
+
+/// The stable logistic function in float64: the reference for sigmoid and silu.
+fn sigmoid_f64(x: f64) -> f64 {
+    let e = (-x.abs()).exp();
+    if x >= 0.0 {
+        1.0 / (1.0 + e)
+    } else {
+        e / (1.0 + e)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx512_sigmoid_and_silu_f32_stay_within_their_bounds() {
+    if !has_whole_run_features() {
+        return;
+    }
+    // The bounds `tools/sweep_f32_ulp.py sigmoid silu` measured over every float32, in units
+    // of the float32 spacing at the exact result (2^-149 below the normal range: sigmoid's
+    // results are subnormal for x in (-103.3, -87.3), where `1 / (1 + np.exp(-x))` gives 0).
+    const SIGMOID_ULP: f64 = 2.5;
+    const SILU_ULP: f64 = 3.5;
+    let ulps = |got: f32, want: f64| {
+        let w = want as f32;
+        if w == got {
+            return 0.0;
+        }
+        let a = w.abs();
+        let spacing = if a < f32::MIN_POSITIVE { f32::from_bits(1) } else { a.next_up() - a };
+        (got as f64 - want).abs() / spacing as f64
+    };
+    // Every 97th float32 out to past where sigmoid rounds to 0 and 1, both signs, and both
+    // sides of the subnormal range's edges.
+    let pos: Vec<f32> = (0..=130.0f32.to_bits()).step_by(97).map(f32::from_bits).collect();
+    let mut xs: Vec<f32> = pos.iter().flat_map(|&x| [x, -x]).collect();
+    for v in [
+        -87.336_55f32,
+        -103.278_93,
+        -103.972_08,
+        -108.7,
+        super::x86_avx512::EXP_F32_LOW,
+        super::x86_avx512::SIGMOID_F32_LOW,
+    ] {
+        let (mut up, mut down) = (v, v);
+        for _ in 0..8 {
+            xs.extend([up, down]);
+            (up, down) = (up.next_up(), down.next_down());
+        }
+    }
+    let (sig, silu) =
+        (whole_run(super::x86_avx512::sigmoid_f32_avx512, &xs), whole_run(super::x86_avx512::silu_f32_avx512, &xs));
+    let (mut worst_sig, mut worst_silu) = (0.0f64, 0.0f64);
+    for ((&x, s), l) in xs.iter().zip(sig).zip(silu) {
+        let want = sigmoid_f64(x as f64);
+        let u = ulps(s, want);
+        assert!(u <= SIGMOID_ULP, "sigmoid({x:e}) = {s:e}, want {want:e} ({u} ulp)");
+        let v = ulps(l, x as f64 * want);
+        assert!(v <= SILU_ULP, "silu({x:e}) = {l:e}, want {:e} ({v} ulp)", x as f64 * want);
+        (worst_sig, worst_silu) = (worst_sig.max(u), worst_silu.max(v));
+    }
+    assert!(worst_sig > 0.5 && worst_silu > 0.5, "the sweep should reach rounding errors");
+    let special = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0, 200.0, -200.0, -1e4];
+    let s = whole_run(super::x86_avx512::sigmoid_f32_avx512, &special);
+    assert!(s[0].is_nan());
+    assert_eq!(s[1..], [1.0, 0.0, 0.5, 0.5, 1.0, 0.0, 0.0]);
+    let l = whole_run(super::x86_avx512::silu_f32_avx512, &special);
+    // silu(-inf) = -inf * 0, NaN, as the scalar loop and `x / (1 + np.exp(-x))` give.
+    assert!(l[0].is_nan() && l[2].is_nan());
+    assert_eq!(l[1], f32::INFINITY);
+    assert_eq!([l[3].to_bits(), l[4].to_bits()], [0, (-0.0f32).to_bits()]);
+    assert_eq!([l[5], l[6].to_bits() as f32, l[7]], [200.0, (-0.0f32).to_bits() as f32, -0.0]);
+    assert!(l[7].is_sign_negative());
+    let mixed: Vec<f32> = (0..80).map(|i| (i as f32 - 40.0) * 2.7).collect();
+    tails_and_in_place(super::x86_avx512::sigmoid_f32_avx512, &mixed, f32::to_bits);
+    tails_and_in_place(super::x86_avx512::silu_f32_avx512, &mixed, f32::to_bits);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx512_f16_kernels_are_the_f32_kernels_rounded_once() {
+    use half::f16;
+    if !has_whole_run_features() {
+        return;
+    }
+    // Every float16 value: widened, the float32 kernel, rounded once, bit for bit.
+    let all: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).collect();
+    let mut wide = vec![0f32; all.len()];
+    super::widen_f16(&all, &mut wide);
+    use super::x86_avx512::{EXP_AVX512, LOG_AVX512, SIGMOID_AVX512, SILU_AVX512, TANH_AVX512};
+    for (name, kernel) in [
+        ("exp", EXP_AVX512),
+        ("log", LOG_AVX512),
+        ("tanh", TANH_AVX512),
+        ("sigmoid", SIGMOID_AVX512),
+        ("silu", SILU_AVX512),
+    ] {
+        let via_f32 = whole_run(kernel.f32, &wide);
+        let mut want = vec![f16::ZERO; all.len()];
+        super::narrow_f16(&via_f32, &mut want);
+        let got = whole_run(kernel.f16, &all);
+        for ((x, g), w) in all.iter().zip(&got).zip(&want) {
+            assert_eq!(g.to_bits(), w.to_bits(), "{name}({x}) = {g}, want {w}");
+        }
+        tails_and_in_place(kernel.f16, &all[15_000..15_080], |h| h.to_bits() as u32);
+    }
+}
+
+#[test]
+fn f16_conversions_match_half() {
+    use half::f16;
+    // Every float16 widens exactly (NaNs stay NaN).
+    let all: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).collect();
+    let mut wide = vec![0f32; all.len()];
+    super::widen_f16(&all, &mut wide);
+    for (h, w) in all.iter().zip(&wide) {
+        assert!(w.to_bits() == h.to_f32().to_bits() || (h.is_nan() && w.is_nan()), "{h:?} widened to {w}");
+    }
+    // Rounding: every 4099th float32 bit pattern, the midpoints between float16 neighbours
+    // (ties to even) and the overflow edge; every tail length of the 8-wide loop.
+    let mut xs: Vec<f32> = (0..=u32::MAX).step_by(4099).map(f32::from_bits).collect();
+    xs.extend(wide.windows(2).filter(|w| w[0].is_finite() && w[1].is_finite()).map(|w| (w[0] + w[1]) / 2.0));
+    xs.extend([65_504.0, 65_519.996, 65_520.0, -65_520.0, 1e-8, -6e-8, 2.98e-8]);
+    for n in [xs.len(), 0, 1, 7, 8, 9, 15, 17] {
+        let mut narrow = vec![f16::ZERO; n];
+        super::narrow_f16(&xs[..n], &mut narrow);
+        for (x, h) in xs.iter().zip(&narrow) {
+            let want = f16::from_f32(*x);
+            assert!(h.to_bits() == want.to_bits() || (x.is_nan() && h.is_nan()), "{x:e} rounded to {h}, want {want}");
+        }
+    }
 }

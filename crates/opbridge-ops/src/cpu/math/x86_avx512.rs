@@ -5,6 +5,105 @@
 //! them and turns every intrinsic in it into an out-of-line call (see `tanh_f32_avx512`).
 #![allow(unsafe_code)]
 
+use half::f16;
+
+/// The whole-run kernels of one 16-lane float32 function, in float32 and in float16 (widened
+/// with `vcvtph2ps`, computed in float32, rounded once with `vcvtps2ph`).
+#[derive(Clone, Copy)]
+pub(crate) struct WholeRun {
+    /// # Safety
+    /// `x` is readable and `out` writable for `len` elements, touched by nothing else during
+    /// the call; `out` is `x` or disjoint from it; the CPU has AVX-512 F/VL/BW/DQ and FMA.
+    pub f32: unsafe fn(*const f32, *mut f32, usize),
+    /// # Safety
+    /// As for `f32`.
+    pub f16: unsafe fn(*const f16, *mut f16, usize),
+}
+
+/// Defines a function's whole-run kernels over float32 and float16 and their [`WholeRun`]:
+/// `$lanes` is an expression of the vector `$v`, expanded inside each loop (not a closure: a
+/// closure is not compiled with the loop's target features), after the `let` statements
+/// before it. The tail of a run is one masked vector.
+macro_rules! whole_run_kernels {
+    ($(#[$doc:meta])* $f32:ident, $f16:ident, $table:ident, $(let $name:ident = $init:expr;)* |$v:ident| $lanes:expr) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// `x` is readable and `out` writable for `len` elements, touched by nothing else
+        /// during the call; `out` is `x` or disjoint from it.
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")]
+        pub(crate) unsafe fn $f32(x: *const f32, out: *mut f32, len: usize) {
+            use std::arch::x86_64::*;
+            $(let $name = $init;)*
+            let mut i = 0;
+            while i + 16 <= len {
+                // SAFETY: elements `i..i + 16` are inside the run (caller's contract); each
+                // vector is loaded before it is stored, so `out == x` is fine.
+                let $v = unsafe { _mm512_loadu_ps(x.add(i)) };
+                // SAFETY: as above.
+                unsafe { _mm512_storeu_ps(out.add(i), $lanes) };
+                i += 16;
+            }
+            if i < len {
+                let m = ((1u32 << (len - i)) - 1) as __mmask16;
+                // SAFETY: the mask touches only elements `i..len`, inside the run.
+                let $v = unsafe { _mm512_maskz_loadu_ps(m, x.add(i)) };
+                // SAFETY: as above.
+                unsafe { _mm512_mask_storeu_ps(out.add(i), m, $lanes) };
+            }
+        }
+
+        /// The float16 form of
+        #[doc = concat!("[`", stringify!($f32), "`]")]
+        /// : each vector widened exactly, computed in float32, rounded once to nearest.
+        ///
+        /// # Safety
+        /// As for the float32 form.
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,f16c")]
+        pub(crate) unsafe fn $f16(x: *const f16, out: *mut f16, len: usize) {
+            use std::arch::x86_64::*;
+            $(let $name = $init;)*
+            let mut i = 0;
+            // Two vectors per 64-byte store: `vcvtps2ph` straight to memory (what the compiler
+            // makes of one vector per store) took a third of a float16 `log`'s time.
+            while i + 32 <= len {
+                // SAFETY: as in the float32 form (32 elements of 2 bytes each way).
+                let (lo, hi) = unsafe {
+                    (_mm256_loadu_si256(x.add(i).cast()), _mm256_loadu_si256(x.add(i + 16).cast()))
+                };
+                let $v = _mm512_cvtph_ps(lo);
+                let lo = _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>($lanes);
+                let $v = _mm512_cvtph_ps(hi);
+                let hi = _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>($lanes);
+                let both = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+                // SAFETY: as above.
+                unsafe { _mm512_storeu_si512(out.add(i).cast(), both) };
+                i += 32;
+            }
+            while i + 16 <= len {
+                // SAFETY: as in the float32 form (16 elements of 2 bytes each way).
+                let $v = _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(x.add(i).cast()) });
+                let h = _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>($lanes);
+                // SAFETY: as above.
+                unsafe { _mm256_storeu_si256(out.add(i).cast(), h) };
+                i += 16;
+            }
+            if i < len {
+                let m = ((1u32 << (len - i)) - 1) as __mmask16;
+                // SAFETY: the mask touches only elements `i..len`, inside the run.
+                let $v = _mm512_cvtph_ps(unsafe { _mm256_maskz_loadu_epi16(m, x.add(i).cast()) });
+                let h = _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>($lanes);
+                // SAFETY: as above.
+                unsafe { _mm256_mask_storeu_epi16(out.add(i).cast(), m, h) };
+            }
+        }
+
+        pub(crate) const $table: WholeRun = WholeRun { f32: $f32, f16: $f16 };
+    };
+}
+
 /// Where [`tanh_f32_avx512`] clamps `|x|`: past it tanh rounds to ±1 (`tanh 9.5 = 1 - 1.1e-8`).
 pub(super) const TANH_F32_TOP: f32 = 9.5;
 /// The lower edge of the quarter-octave below row 1 of `TANH_F32_ROWS`: `|x|` under it take
@@ -79,40 +178,30 @@ static TANH_F32_LUT: TanhF32Lut = {
     TanhF32Lut(lut)
 };
 
-/// `out[i] = tanh(x[i])` for `i < len` in float32 with AVX-512, about twice as fast as
-/// [`tanh_f32_with`](super::tanh_f32_with) and within 1 ulp: numpy's scheme (a polynomial per
-/// interval of `|x|`, its coefficients picked per lane with `vpermt2ps` from 32-entry tables)
-/// with our own intervals and fits (see `TANH_F32_ROWS`); 18 instructions per 16 elements, no
-/// division. NaN stays NaN, ±inf gives ±1, -0 gives -0. The tail is one masked vector.
-///
-/// # Safety
-/// `x` is readable and `out` writable for `len` elements, touched by nothing else during the
-/// call; `out` is `x` or disjoint from it.
-// `#[inline]`: private beside its one caller (`unary`'s AVX-512 dispatch) before it moved to
-// this module; this keeps it available for inlining there.
+whole_run_kernels!(
+    /// `out[i] = tanh(x[i])` for `i < len` in float32 with AVX-512, about twice as fast as
+    /// [`tanh_f32_with`](super::tanh_f32_with) and within 1 ulp: numpy's scheme (a polynomial
+    /// per interval of `|x|`, its coefficients picked per lane with `vpermt2ps` from 32-entry
+    /// tables) with our own intervals and fits (see `TANH_F32_ROWS`); 18 instructions per 16
+    /// elements, no division. NaN stays NaN, ±inf gives ±1, -0 gives -0.
+    tanh_f32_avx512, tanh_f16_avx512, TANH_AVX512,
+    let lut = tanh_lut();
+    |v| tanh_f32x16(v, &lut)
+);
+
+/// The tables of `TANH_F32_LUT` in registers.
+// A plain loop, not `array::map`: a closure is not compiled with this function's target
+// features, so each load became an out-of-line call (a third of a 16-element call's time).
 #[inline]
 #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")]
-pub(crate) unsafe fn tanh_f32_avx512(x: *const f32, out: *mut f32, len: usize) {
+fn tanh_lut() -> [[std::arch::x86_64::__m512; 2]; 7] {
     use std::arch::x86_64::*;
-    // A plain loop, not `array::map`: a closure is not compiled with this function's target
-    // features, so each load became an out-of-line call (a third of a 16-element call's time).
     let mut lut = [[_mm512_setzero_ps(); 2]; 7];
     for (regs, table) in lut.iter_mut().zip(&TANH_F32_LUT.0) {
         // SAFETY: each table is 32 floats, loaded as two halves of 16.
         *regs = unsafe { [_mm512_loadu_ps(table.as_ptr()), _mm512_loadu_ps(table.as_ptr().add(16))] };
     }
-    let mut i = 0;
-    while i + 16 <= len {
-        // SAFETY: elements `i..i + 16` are inside the run (caller's contract); each vector is
-        // loaded before it is stored, so `out == x` is fine.
-        unsafe { _mm512_storeu_ps(out.add(i), tanh_f32x16(_mm512_loadu_ps(x.add(i)), &lut)) };
-        i += 16;
-    }
-    if i < len {
-        let m = ((1u32 << (len - i)) - 1) as __mmask16;
-        // SAFETY: the mask touches only elements `i..len`, inside the run.
-        unsafe { _mm512_mask_storeu_ps(out.add(i), m, tanh_f32x16(_mm512_maskz_loadu_ps(m, x.add(i)), &lut)) };
-    }
+    lut
 }
 
 /// 16 lanes of [`tanh_f32_avx512`], with the tables of `TANH_F32_LUT` in registers.
@@ -148,48 +237,39 @@ pub(super) const EXP_F32_HIGH: f32 = 89.0;
 /// turn with the rest refitted; within 0.06 ulp before rounding.
 const EXP_F32_POLY: [f32; 6] = [1.0, 0.499_999_94, 0.166_665_21, 0.041_668_266, 0.008_368_675, 0.001_382_066_2];
 
-/// `out[i] = e^x[i]` for `i < len` in float32 with AVX-512, about three times as fast as
-/// [`exp_f32_with`](super::exp_f32_with) and within 1 ulp: the Cody-Waite reduction
-/// `x = n ln 2 + r` (`n` rounded with `vrndscaleps`, `ln 2` in two parts with FMA), a degree-6
-/// polynomial for `e^r` (see `EXP_F32_POLY`) and `vscalefps` for the `2^n`, which rounds
-/// subnormal results once and overflows to inf; 12 instructions per 16 elements. NaN stays NaN,
-/// `e^-inf = 0`, `e^inf = inf`. The tail is one masked vector.
-///
-/// # Safety
-/// `x` is readable and `out` writable for `len` elements, touched by nothing else during the
-/// call; `out` is `x` or disjoint from it.
-// `#[inline]`: private beside its one caller (`unary`'s AVX-512 dispatch) before it moved to
-// this module; this keeps it available for inlining there.
-#[inline]
-#[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")]
-pub(crate) unsafe fn exp_f32_avx512(x: *const f32, out: *mut f32, len: usize) {
-    use std::arch::x86_64::*;
-    let mut i = 0;
-    while i + 16 <= len {
-        // SAFETY: elements `i..i + 16` are inside the run (caller's contract); each vector is
-        // loaded before it is stored, so `out == x` is fine.
-        unsafe { _mm512_storeu_ps(out.add(i), exp_f32x16(_mm512_loadu_ps(x.add(i)))) };
-        i += 16;
-    }
-    if i < len {
-        let m = ((1u32 << (len - i)) - 1) as __mmask16;
-        // SAFETY: the mask touches only elements `i..len`, inside the run.
-        unsafe { _mm512_mask_storeu_ps(out.add(i), m, exp_f32x16(_mm512_maskz_loadu_ps(m, x.add(i)))) };
-    }
-}
+whole_run_kernels!(
+    /// `out[i] = e^x[i]` for `i < len` in float32 with AVX-512, about three times as fast as
+    /// [`exp_f32_with`](super::exp_f32_with) and within 1 ulp: the Cody-Waite reduction
+    /// `x = n ln 2 + r` (`n` rounded with `vrndscaleps`, `ln 2` in two parts with FMA), a
+    /// degree-6 polynomial for `e^r` (see `EXP_F32_POLY`) and `vscalefps` for the `2^n`, which
+    /// rounds subnormal results once and overflows to inf; 12 instructions per 16 elements. NaN
+    /// stays NaN, `e^-inf = 0`, `e^inf = inf`.
+    exp_f32_avx512, exp_f16_avx512, EXP_AVX512,
+    |v| exp_f32x16(v)
+);
 
 /// 16 lanes of [`exp_f32_avx512`].
 #[inline]
 #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")]
 fn exp_f32x16(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
+    let (p, n) = exp_parts_f32x16(x, EXP_F32_LOW);
+    std::arch::x86_64::_mm512_scalef_ps(p, n)
+}
+
+/// `(p, n)` with `e^x = p 2^n` (`p` in about [0.7, 1.4], `n` a whole float32), `x` clamped to
+/// [`low`, `EXP_F32_HIGH`] first: the scaling left to the caller, so a result headed for the
+/// subnormal range can be multiplied or divided while still normal and rounded once at the end.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")]
+fn exp_parts_f32x16(x: std::arch::x86_64::__m512, low: f32) -> (std::arch::x86_64::__m512, std::arch::x86_64::__m512) {
     use std::arch::x86_64::*;
     // ln 2 rounded to float32, and the rest: `n * LN2_HI` is exact in the FMA and
-    // `x - n * LN2_HI` a float32 (|n| <= 150).
+    // `x - n * LN2_HI` a float32 (|n| <= 173).
     const LN2_HI: f32 = std::f32::consts::LN_2;
     const LN2_LO: f32 = -1.904_654_2e-9;
     // `vminps`/`vmaxps` return their second operand when either is NaN: NaN goes through and
     // stays NaN; ±inf clamp to results of exactly inf and 0.
-    let x = _mm512_max_ps(_mm512_set1_ps(EXP_F32_LOW), _mm512_min_ps(_mm512_set1_ps(EXP_F32_HIGH), x));
+    let x = _mm512_max_ps(_mm512_set1_ps(low), _mm512_min_ps(_mm512_set1_ps(EXP_F32_HIGH), x));
     let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(
         x,
         _mm512_set1_ps(std::f32::consts::LOG2_E),
@@ -200,6 +280,111 @@ fn exp_f32x16(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
     for k in (0..5).rev() {
         p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_F32_POLY[k]));
     }
-    let p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0));
-    _mm512_scalef_ps(p, n)
+    (_mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0)), n)
+}
+
+whole_run_kernels!(
+    /// `out[i] = ln x[i]` for `i < len` in float32 with AVX-512: the very operations of
+    /// [`log_f32_with`](super::log_f32_with) with FMA (Cephes' polynomial, subnormals scaled
+    /// first, numpy's special values), so its results are bit-identical to that loop's and its
+    /// accuracy is that loop's (within 1 ulp), written with intrinsics because the compiler's
+    /// vectorization of the generic loop took twice the time.
+    log_f32_avx512, log_f16_avx512, LOG_AVX512,
+    |v| log_f32x16(v)
+);
+
+/// 16 lanes of [`log_f32_avx512`]; each step is the one of `log_f32_with` on the same line.
+/// Vectors whose lanes are all normal, positive and finite (nearly all) skip the subnormal
+/// scaling and the special values, whose masks were half the loop's time.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")]
+fn log_f32x16(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    // x in [MIN_POSITIVE, MAX] exactly when its bits, less MIN_POSITIVE's, are below inf's
+    // less MIN_POSITIVE's, as unsigned numbers (one compare for sign, zero, subnormal, inf, NaN).
+    let normal = _mm512_cmp_epu32_mask::<_MM_CMPINT_LT>(
+        _mm512_sub_epi32(_mm512_castps_si512(x), _mm512_set1_epi32(f32::MIN_POSITIVE.to_bits() as i32)),
+        _mm512_set1_epi32((f32::INFINITY.to_bits() - f32::MIN_POSITIVE.to_bits()) as i32),
+    );
+    if normal == 0xffff {
+        return log_f32x16_core(x, 0);
+    }
+    let sub = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(f32::MIN_POSITIVE));
+    let r = log_f32x16_core(_mm512_mask_mul_ps(x, sub, x, _mm512_set1_ps(33_554_432.0)), sub);
+    let r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(x, _mm512_set1_ps(f32::INFINITY)), x);
+    let zero = _mm512_setzero_ps();
+    let r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(x, zero), _mm512_set1_ps(f32::NEG_INFINITY));
+    let r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, zero), _mm512_set1_ps(f32::NAN));
+    _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x), x)
+}
+
+/// `ln xs` for normal positive `xs`, or for `2^25 x` in the lanes of `sub`, as `log_f32_with`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")]
+fn log_f32x16_core(xs: std::arch::x86_64::__m512, sub: std::arch::x86_64::__mmask16) -> std::arch::x86_64::__m512 {
+    use super::log::{LOG_F32_LN2, LOG_F32_POLY, LOG_F32_SQRT_HALF};
+    use std::arch::x86_64::*;
+    let ix = _mm512_add_epi32(_mm512_castps_si512(xs), _mm512_set1_epi32(0x3f80_0000 - LOG_F32_SQRT_HALF));
+    let k = _mm512_sub_epi32(_mm512_srai_epi32::<23>(ix), _mm512_set1_epi32(0x7f));
+    let k = _mm512_mask_sub_epi32(k, sub, k, _mm512_set1_epi32(25));
+    let m =
+        _mm512_add_epi32(_mm512_and_si512(ix, _mm512_set1_epi32(0x007f_ffff)), _mm512_set1_epi32(LOG_F32_SQRT_HALF));
+    let f = _mm512_sub_ps(_mm512_castsi512_ps(m), _mm512_set1_ps(1.0));
+    let e = _mm512_cvtepi32_ps(k);
+    let z = _mm512_mul_ps(f, f);
+    let mut p = _mm512_set1_ps(LOG_F32_POLY[0] as f32);
+    for &c in &LOG_F32_POLY[1..] {
+        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c as f32));
+    }
+    let pzf = _mm512_mul_ps(_mm512_mul_ps(p, z), f);
+    let y = _mm512_fmadd_ps(z, _mm512_set1_ps(-0.5), _mm512_fmadd_ps(e, _mm512_set1_ps(LOG_F32_LN2.1), pzf));
+    _mm512_fmadd_ps(e, _mm512_set1_ps(LOG_F32_LN2.0), _mm512_add_ps(f, y))
+}
+
+/// Where sigmoid and silu clamp `-|x|` for `e^-|x|`: below it both round to zero (silu's
+/// `x e^x` only from -108.7, past `EXP_F32_LOW`); their lanes below it are set to zero outright.
+pub(super) const SIGMOID_F32_LOW: f32 = -120.0;
+
+whole_run_kernels!(
+    /// `out[i] = 1 / (1 + e^-x[i])` for `i < len` in float32 with AVX-512, within 2.5 ulp
+    /// (`tools/sweep_f32_ulp.py`, every float32): the stable form of `unary`'s `sigmoid`, with
+    /// `e = e^-|x|` from [`exp_f32_avx512`]'s lanes (never overflowing), `1 / (1 + e)` for
+    /// `x >= 0` and `e / (1 + e)` below, computed as `(p / (1 + e)) 2^n` so a result in the
+    /// subnormal range (x in (-104, -87.3), where `1 / (1 + np.exp(-x))` overflows to 0) is
+    /// rounded once. NaN stays NaN.
+    sigmoid_f32_avx512, sigmoid_f16_avx512, SIGMOID_AVX512,
+    |v| sigmoid_f32x16::<false>(v)
+);
+
+whole_run_kernels!(
+    /// `out[i] = x[i] sigmoid(x[i])` for `i < len` in float32 with AVX-512, as
+    /// [`sigmoid_f32_avx512`]: `x / (1 + e)` for `x >= 0`, `(x p / (1 + e)) 2^n` below, so the
+    /// subnormal results of large negative `x` are rounded once, not a rounded subnormal
+    /// sigmoid multiplied by `x` (52 ulp). `silu(-0) = -0`, `silu(-inf)` is NaN (`-inf * 0`,
+    /// as the scalar loop and `x / (1 + np.exp(-x))` give), large negative `x` give -0.
+    silu_f32_avx512, silu_f16_avx512, SILU_AVX512,
+    |v| sigmoid_f32x16::<true>(v)
+);
+
+/// 16 lanes of [`sigmoid_f32_avx512`], or of [`silu_f32_avx512`] (`SILU`).
+#[inline]
+#[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")]
+fn sigmoid_f32x16<const SILU: bool>(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    let (p, n) = exp_parts_f32x16(_mm512_or_ps(x, _mm512_set1_ps(-0.0)), SIGMOID_F32_LOW);
+    let d = _mm512_add_ps(_mm512_set1_ps(1.0), _mm512_scalef_ps(p, n));
+    // Not `x >= 0` (NaN included, as the scalar form takes its `else`): `p 2^n / (1 + e)`, the
+    // `2^n` applied last. One division either way.
+    let below = _mm512_cmp_ps_mask::<_CMP_NGE_UQ>(x, _mm512_setzero_ps());
+    let num = if SILU { _mm512_mask_mul_ps(x, below, x, p) } else { _mm512_mask_mov_ps(_mm512_set1_ps(1.0), below, p) };
+    let q = _mm512_div_ps(num, d);
+    let r = _mm512_mask_scalef_ps(q, below, q, n);
+    // Below the clamp the result is zero (of x's sign for silu; -inf * 0 is NaN).
+    let gone = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(SIGMOID_F32_LOW));
+    let zero = _mm512_setzero_ps();
+    if SILU {
+        _mm512_mask_mul_ps(r, gone, x, zero)
+    } else {
+        _mm512_mask_mov_ps(r, gone, zero)
+    }
 }

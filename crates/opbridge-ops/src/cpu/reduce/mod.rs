@@ -31,6 +31,8 @@ use plan::{run, Plan};
 use reducers::{ArgMaxR, ExtremeR, SumR};
 
 mod accum;
+#[cfg(target_arch = "x86_64")]
+mod extreme_avx512;
 mod plan;
 mod reducers;
 #[cfg(test)]
@@ -74,9 +76,10 @@ impl ReduceOp {
     }
 }
 
-/// Defines a generic function whose body is compiled twice, for the x86_64 baseline and for
-/// AVX2, and picks one at run time: wide vectors without `-C target-cpu=native`. The body must
-/// be safe code; each generic parameter takes one bound.
+/// Defines a generic function whose body is compiled three times, for the x86_64 baseline, for
+/// AVX2 and for AVX-512, and picks one at run time: wide vectors without `-C target-cpu=native`
+/// (the arithmetic is the same in each: only the vector width changes). The body must be safe
+/// code; each generic parameter takes one bound.
 macro_rules! avx2_multiversion {
     ($(#[$attr:meta])* $vis:vis fn $name:ident<$($g:ident: $bound:path),+>($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
         $(#[$attr])*
@@ -85,11 +88,20 @@ macro_rules! avx2_multiversion {
             fn body<$($g: $bound),+>($($arg: $ty),*) $(-> $ret)? $body
             #[cfg(target_arch = "x86_64")]
             {
+                #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2")]
+                fn avx512<$($g: $bound),+>($($arg: $ty),*) $(-> $ret)? {
+                    body::<$($g),+>($($arg),*)
+                }
                 #[target_feature(enable = "avx2")]
                 fn avx2<$($g: $bound),+>($($arg: $ty),*) $(-> $ret)? {
                     body::<$($g),+>($($arg),*)
                 }
-                if std::arch::is_x86_feature_detected!("avx2") {
+                use std::arch::is_x86_feature_detected as has;
+                if has!("avx512f") && has!("avx512vl") && has!("avx512bw") && has!("avx512dq") {
+                    // SAFETY: the CPU supports these features (checked just above).
+                    return unsafe { avx512::<$($g),+>($($arg),*) };
+                }
+                if has!("avx2") {
                     // SAFETY: the CPU supports AVX2 (checked just above).
                     return unsafe { avx2::<$($g),+>($($arg),*) };
                 }

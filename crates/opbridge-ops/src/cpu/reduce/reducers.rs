@@ -139,6 +139,12 @@ impl<T: SumIn<A>, A: Accum, O: SumOut<A>, const MEAN: bool> Reducer for SumR<T, 
 /// Element types with an order; floats may be NaN.
 pub(super) trait Ordered: Copy + Send + Sync + PartialOrd + 'static {
     fn isnan(self) -> bool;
+    /// The maximum (`MAX`) or minimum of a non-empty run by a hand-written kernel, where the
+    /// type has one, the CPU runs it and the run holds no NaN.
+    #[inline(always)]
+    fn fast_extreme<const MAX: bool>(_src: &[Self]) -> Option<Self> {
+        None
+    }
 }
 
 impl Ordered for f16 {
@@ -147,18 +153,23 @@ impl Ordered for f16 {
         self.is_nan()
     }
 }
-impl Ordered for f32 {
-    #[inline(always)]
-    fn isnan(self) -> bool {
-        self.is_nan()
-    }
+macro_rules! ordered_float {
+    ($t:ty) => {
+        impl Ordered for $t {
+            #[inline(always)]
+            fn isnan(self) -> bool {
+                self.is_nan()
+            }
+            #[cfg(target_arch = "x86_64")]
+            #[inline(always)]
+            fn fast_extreme<const MAX: bool>(src: &[Self]) -> Option<Self> {
+                <$t as super::extreme_avx512::FastExtreme>::fast_extreme::<MAX>(src)
+            }
+        }
+    };
 }
-impl Ordered for f64 {
-    #[inline(always)]
-    fn isnan(self) -> bool {
-        self.is_nan()
-    }
-}
+ordered_float!(f32);
+ordered_float!(f64);
 impl Ordered for i32 {
     #[inline(always)]
     fn isnan(self) -> bool {
@@ -232,6 +243,9 @@ impl<T: Ordered, const MAX: bool> Reducer for ExtremeR<T, MAX> {
         None
     }
     fn leaf(src: &[T], _first: usize) -> T {
+        if let Some(m) = T::fast_extreme::<MAX>(src) {
+            return m;
+        }
         if MAX {
             max_contiguous(src)
         } else {
@@ -255,6 +269,25 @@ impl<T: Ordered, const MAX: bool> Reducer for ExtremeR<T, MAX> {
     }
 }
 
+/// Elements [`position_of`] tests at once: a whole chunk is compared without a branch (the
+/// compiler vectorizes it), and only the chunk holding a match is searched one by one.
+const SEARCH_CHUNK: usize = 64;
+
+avx2_multiversion!(
+    /// The index of the first element equal to `m` (not NaN).
+    fn position_of<T: Ordered>(src: &[T], m: T) -> Option<usize> {
+        let mut start = 0;
+        for chunk in src.chunks(SEARCH_CHUNK) {
+            // Non-short-circuit `|`: a branch-free fold over the chunk.
+            if chunk.iter().fold(false, |found, &x| found | (x == m)) {
+                return chunk.iter().position(|&x| x == m).map(|i| start + i);
+            }
+            start += chunk.len();
+        }
+        None
+    }
+);
+
 /// `argmax`: the first index of the maximum, or of the first NaN.
 pub(super) struct ArgMaxR<T>(PhantomData<T>);
 
@@ -269,8 +302,8 @@ impl<T: Ordered> Reducer for ArgMaxR<T> {
     }
     fn leaf(src: &[T], first: usize) -> (T, usize) {
         // The vectorized maximum, then the first element equal to it (or the first NaN).
-        let m = max_contiguous(src);
-        let i = if m.isnan() { src.iter().position(|x| x.isnan()) } else { src.iter().position(|&x| x == m) };
+        let m = T::fast_extreme::<true>(src).unwrap_or_else(|| max_contiguous(src));
+        let i = if m.isnan() { src.iter().position(|x| x.isnan()) } else { position_of(src, m) };
         let i = i.expect("the maximum is one of the elements");
         (src[i], first + i)
     }

@@ -481,3 +481,39 @@ fn zero_results_take_the_sign_numpy_gives_them() {
     unsafe { reduce(ReduceOp::Max, &input(&[-0.0f32, f32::NAN, 0.0], &[3]), None, &output(&mut out, &[])) }.unwrap();
     assert!(out[0].is_nan());
 }
+
+/// The AVX-512 max/min kernel gives the value the portable loop gives on every length (its
+/// 8-vector blocks, single vectors and masked tail), and leaves every run with a NaN, wherever
+/// the NaN is, to that loop.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx512_extreme_matches_the_portable_loop_and_declines_nan() {
+    use super::extreme_avx512::FastExtreme;
+    use std::arch::is_x86_feature_detected as has;
+    if !(has!("avx512f") && has!("avx512vl") && has!("avx512bw") && has!("avx512dq")) {
+        return;
+    }
+    fn check<T: FastExtreme + Element + PartialEq + std::fmt::Debug>(len: usize) {
+        let xs: Vec<T> = (0..len).map(|i| T::from_f64(((i * 7919) % 1009) as f64 - 504.5)).collect();
+        let max = xs.iter().map(|x| x.to_f64()).fold(f64::NEG_INFINITY, f64::max);
+        let min = xs.iter().map(|x| x.to_f64()).fold(f64::INFINITY, f64::min);
+        assert_eq!(T::fast_extreme::<true>(&xs).map(|v| v.to_f64()), Some(max), "max of {len}");
+        assert_eq!(T::fast_extreme::<false>(&xs).map(|v| v.to_f64()), Some(min), "min of {len}");
+        for at in [0, len / 2, len - 1] {
+            let mut with_nan = xs.clone();
+            with_nan[at] = T::from_f64(f64::NAN);
+            assert_eq!(T::fast_extreme::<true>(&with_nan), None, "NaN at {at} of {len}");
+            assert_eq!(T::fast_extreme::<false>(&with_nan), None, "NaN at {at} of {len}");
+        }
+    }
+    for len in (1..300).chain([1023, 1024, 1025, 4099]) {
+        check::<f32>(len);
+        check::<f64>(len);
+    }
+    assert_eq!(<f32 as FastExtreme>::fast_extreme::<true>(&[]), None);
+    let inf = [1.0f32, f32::INFINITY, f32::NEG_INFINITY];
+    assert_eq!(
+        (f32::fast_extreme::<true>(&inf), f32::fast_extreme::<false>(&inf)),
+        (Some(f32::INFINITY), Some(f32::NEG_INFINITY))
+    );
+}

@@ -276,3 +276,15 @@ fn argument_errors() {
         assert!(unary(UnaryOp::Exp, &x.view, &repeated).unwrap_err().to_string().contains("stride-0"));
     }
 }
+
+#[test]
+fn f16_neg_and_abs_flip_and_clear_the_sign_bit_of_every_value() {
+    // numpy's `npy_half_neg` / `npy_half_abs`: NaN payloads (signalling ones too) kept.
+    let all: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).collect();
+    let neg = eval(UnaryOp::Neg, &all);
+    let abs = eval(UnaryOp::Abs, &all);
+    for ((x, n), a) in all.iter().zip(neg).zip(abs) {
+        assert_eq!(n.to_bits(), x.to_bits() ^ 0x8000, "neg({x})");
+        assert_eq!(a.to_bits(), x.to_bits() & 0x7fff, "abs({x})");
+    }
+}
