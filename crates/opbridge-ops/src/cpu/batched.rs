@@ -208,7 +208,8 @@ pub unsafe fn batched_matmul(a: &TensorView, b: &TensorView, out: &TensorView) -
             }
         }
     };
-    let threads = rayon::current_num_threads();
+    // Read inside `install`: in a forked child the global pool is the parent's (see `pool`).
+    let threads = super::pool::install(rayon::current_num_threads);
     let many_small = flops < BATCHED_MATMUL_PARALLEL_MIN_FLOPS;
     let many_whole = flops <= BATCHED_MATMUL_WHOLE_PRODUCT_MAX_FLOPS && batches >= 2 * threads;
     if batches > 1 && (many_small || many_whole) && flops.saturating_mul(batches) >= BATCHED_MATMUL_PARALLEL_MIN_FLOPS {

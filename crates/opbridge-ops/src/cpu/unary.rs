@@ -214,7 +214,18 @@ fn run_map<T: Element>(lp: &StridedLoop<2>, min: usize, f: impl Fn(T) -> T + Cop
     lp.run(min, |p, s, len| unsafe { broadcast::unary_run::<T>(p, s, len, f) });
 }
 
+/// Views whose runs are shorter than this are gathered whole into a contiguous buffer (up to
+/// [`GATHER_MAX`] elements) rather than computed run by run: a hand-written kernel called for
+/// two elements pays its whole latency each time.
+const SHORT_RUN: usize = 16;
+/// The most elements [`float_gathered`] copies at once.
+const GATHER_MAX: usize = 1 << 20;
+
 fn run_float<T: FloatElement>(op: UnaryOp, lp: &StridedLoop<2>, min: usize) {
+    let n = lp.numel();
+    if lp.inner_len() < SHORT_RUN && n > lp.inner_len() && n <= GATHER_MAX {
+        return float_gathered::<T>(op, lp, min);
+    }
     // SAFETY: `lp` was built over `[out, x]` under `unary`'s contract: runs stay inside the
     // views and are disjoint in `out`, and `out` is disjoint from `x` or exactly `x` (so a run
     // with both strides 1 is one or the other).
@@ -222,7 +233,7 @@ fn run_float<T: FloatElement>(op: UnaryOp, lp: &StridedLoop<2>, min: usize) {
         if s == [1, 1] {
             float_contiguous::<T>(op, p[1] as *const T, p[0] as *mut T, len);
         } else {
-            with_float_op::<T::R, Plain>(op, Strided::<T> { p, s, len, _t: std::marker::PhantomData });
+            float_strided::<T>(op, p, s, len);
         }
     });
 }
@@ -270,18 +281,74 @@ impl<T: FloatElement> FloatOpSink<T::R> for Contiguous<T> {
     }
 }
 
-/// One strided run of `lp`; built only by `run_float`, under `unary`'s contract.
-struct Strided<T> {
-    p: [usize; 2],
-    s: [isize; 2],
-    len: usize,
-    _t: std::marker::PhantomData<T>,
+/// `out = op(x)` over a walk of short runs: `x` gathered into a contiguous buffer in the walk's
+/// order, computed there as one contiguous run (the same bits as any other layout gives), and
+/// scattered back in the same order.
+fn float_gathered<T: FloatElement>(op: UnaryOp, lp: &StridedLoop<2>, min: usize) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let n = lp.numel();
+    let mut tmp: Vec<T> = Vec::with_capacity(n);
+    let at = tmp.as_mut_ptr() as usize;
+    // The walk runs on this thread (`usize::MAX`: never parallel), in one order both times;
+    // the position is an atomic only because the walk's closure must be `Sync` (a load and a
+    // store, not a read-modify-write: nothing else touches it).
+    let pos = AtomicUsize::new(0);
+    lp.run(usize::MAX, |p, s, len| {
+        let start = pos.load(Ordering::Relaxed);
+        pos.store(start + len, Ordering::Relaxed);
+        for i in 0..len {
+            // SAFETY: element `i` of a run of `unary`'s loop over `x`, into element
+            // `start + i < n` of `tmp`'s capacity (the runs hold `n` elements in all).
+            unsafe { (at as *mut T).add(start + i).write(*(p[1] as *const T).offset(i as isize * s[1])) };
+        }
+    });
+    // SAFETY: all `n` elements were written just above.
+    unsafe { tmp.set_len(n) };
+    let base = tmp.as_mut_ptr() as usize;
+    run_float::<T>(op, &StridedLoop::flat([base, base], [T::DTYPE.size(); 2], n), min);
+    pos.store(0, Ordering::Relaxed);
+    lp.run(usize::MAX, |p, s, len| {
+        let start = pos.load(Ordering::Relaxed);
+        pos.store(start + len, Ordering::Relaxed);
+        for i in 0..len {
+            // SAFETY: as above, from `tmp` into the run of `out` (disjoint from `tmp`).
+            unsafe { *(p[0] as *mut T).offset(i as isize * s[0]) = *(base as *const T).add(start + i) };
+        }
+    });
 }
 
-impl<T: FloatElement> FloatOpSink<T::R> for Strided<T> {
-    fn run(self, f: impl Fn(T::R) -> T::R + Copy) {
-        // SAFETY: a run of `unary`'s loop (see `run_float`).
-        unsafe { broadcast::unary_run::<T>(self.p, self.s, self.len, |x: T| T::down(f(x.up()))) }
+/// Elements of a strided run computed at a time by [`float_strided`].
+const STRIDED_CHUNK: usize = 256;
+
+/// `out = op(x)` over one strided run (or a run of one element): gathered into a buffer on the
+/// stack, computed by [`float_contiguous`] in place and scattered back, so a view gives the
+/// very bits a contiguous array gives (the AVX-512 kernels' included) and is vectorized too.
+///
+/// # Safety
+/// A run of `unary`'s loop: `p` = `[out, x]` addresses, `s` their strides in elements; the
+/// run stays inside both views; `out` is disjoint from `x` or exactly `x` (same address and
+/// stride: each chunk is read before it is written).
+unsafe fn float_strided<T: FloatElement>(op: UnaryOp, p: [usize; 2], s: [isize; 2], len: usize) {
+    let (out, x) = (p[0] as *mut T, p[1] as *const T);
+    // Uninitialized: a run of one element (many of them in a view with short rows) should
+    // not pay for filling 256.
+    let mut buf = [const { std::mem::MaybeUninit::<T>::uninit() }; STRIDED_CHUNK];
+    let b = buf.as_mut_ptr().cast::<T>();
+    let mut start = 0;
+    while start < len {
+        let n = STRIDED_CHUNK.min(len - start);
+        for i in 0..n {
+            // SAFETY: element `start + i < len` of the run (caller's contract), into the
+            // buffer's element `i < n <= STRIDED_CHUNK`.
+            unsafe { b.add(i).write(*x.offset((start + i) as isize * s[1])) };
+        }
+        // SAFETY: the buffer's first `n` elements, just written, computed in place.
+        unsafe { float_contiguous::<T>(op, b, b, n) };
+        for i in 0..n {
+            // SAFETY: as above, for `out`.
+            unsafe { *out.offset((start + i) as isize * s[0]) = b.add(i).read() };
+        }
+        start += n;
     }
 }
 
@@ -394,8 +461,10 @@ unsafe fn f16_contiguous(op: UnaryOp, x: *const f16, out: *mut f16, len: usize) 
         // SAFETY: inside the run (caller's contract); when `out` is `x`, the shared slice is
         // gone before the mutable one over the same elements is made.
         widen_f16(unsafe { std::slice::from_raw_parts(x.add(start), buf.len()) }, buf);
-        // SAFETY: the buffer is `buf.len()` float32 elements, computed in place.
-        unsafe { float_contiguous::<f32>(op, buf.as_ptr(), buf.as_mut_ptr(), buf.len()) };
+        let b = buf.as_mut_ptr();
+        // SAFETY: the buffer is `buf.len()` float32 elements, computed in place (one pointer
+        // for both, so the kernel's writes do not invalidate its reads).
+        unsafe { float_contiguous::<f32>(op, b, b, buf.len()) };
         // SAFETY: as above.
         narrow_f16(buf, unsafe { std::slice::from_raw_parts_mut(out.add(start), buf.len()) });
         start += buf.len();

@@ -13,7 +13,8 @@ use half::f16;
 pub(crate) struct WholeRun {
     /// # Safety
     /// `x` is readable and `out` writable for `len` elements, touched by nothing else during
-    /// the call; `out` is `x` or disjoint from it; the CPU has AVX-512 F/VL/BW/DQ and FMA.
+    /// the call; `out` is `x` or disjoint from it; the CPU has AVX-512 F/VL/BW/DQ, FMA and
+    /// F16C.
     pub f32: unsafe fn(*const f32, *mut f32, usize),
     /// # Safety
     /// As for `f32`.
