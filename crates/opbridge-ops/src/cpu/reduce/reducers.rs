@@ -145,6 +145,12 @@ pub(super) trait Ordered: Copy + Send + Sync + PartialOrd + 'static {
     fn fast_extreme<const MAX: bool>(_src: &[Self]) -> Option<Self> {
         None
     }
+    /// The index of the first maximum of a non-empty run by a hand-written one-pass kernel,
+    /// where the type has one, the CPU runs it and the run holds no NaN.
+    #[inline(always)]
+    fn fast_argmax(_src: &[Self]) -> Option<usize> {
+        None
+    }
 }
 
 impl Ordered for f16 {
@@ -164,6 +170,11 @@ macro_rules! ordered_float {
             #[inline(always)]
             fn fast_extreme<const MAX: bool>(src: &[Self]) -> Option<Self> {
                 <$t as super::extreme_avx512::FastExtreme>::fast_extreme::<MAX>(src)
+            }
+            #[cfg(target_arch = "x86_64")]
+            #[inline(always)]
+            fn fast_argmax(src: &[Self]) -> Option<usize> {
+                <$t as super::extreme_avx512::FastExtreme>::fast_argmax(src)
             }
         }
     };
@@ -301,6 +312,9 @@ impl<T: Ordered> Reducer for ArgMaxR<T> {
         None
     }
     fn leaf(src: &[T], first: usize) -> (T, usize) {
+        if let Some(i) = T::fast_argmax(src) {
+            return (src[i], first + i);
+        }
         // The vectorized maximum, then the first element equal to it (or the first NaN).
         let m = T::fast_extreme::<true>(src).unwrap_or_else(|| max_contiguous(src));
         let i = if m.isnan() { src.iter().position(|x| x.isnan()) } else { position_of(src, m) };

@@ -517,3 +517,67 @@ fn avx512_extreme_matches_the_portable_loop_and_declines_nan() {
         (Some(f32::INFINITY), Some(f32::NEG_INFINITY))
     );
 }
+
+/// The one-pass AVX-512 argmax gives numpy's answer (the first index of the maximum, `-0.0`
+/// and `0.0` equal) on every length and layout of ties, and leaves runs with a NaN to the
+/// portable path.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx512_argmax_finds_the_first_maximum_and_declines_nan() {
+    use super::extreme_avx512::FastExtreme;
+    use std::arch::is_x86_feature_detected as has;
+    if !(has!("avx512f") && has!("avx512vl") && has!("avx512bw") && has!("avx512dq")) {
+        return;
+    }
+    fn first_max(xs: &[f64]) -> usize {
+        let mut at = 0;
+        for (i, &x) in xs.iter().enumerate() {
+            if x > xs[at] {
+                at = i;
+            }
+        }
+        at
+    }
+    fn check<T: FastExtreme + Element + std::fmt::Debug>(xs: &[f64], what: &str) {
+        let ts: Vec<T> = xs.iter().map(|&x| T::from_f64(x)).collect();
+        assert_eq!(T::fast_argmax(&ts), Some(first_max(xs)), "{what}, {} elements", xs.len());
+    }
+    for len in (1..300).chain([1023, 1024, 1025, 4099]) {
+        // Few distinct values: the maximum repeats in many lanes and accumulators.
+        let xs: Vec<f64> = (0..len).map(|i| ((i * 7919) % 13) as f64 - 6.0).collect();
+        check::<f32>(&xs, "repeated maxima");
+        check::<f64>(&xs, "repeated maxima");
+        // One maximum at each end and in the middle, in the blocks and in the tail.
+        for at in [0, len / 2, len - 1] {
+            let mut one = xs.clone();
+            one[at] = 100.0;
+            check::<f32>(&one, "single maximum");
+            check::<f64>(&one, "single maximum");
+        }
+        // Signed zeros are one value: the first of them wins.
+        let zeros: Vec<f64> = (0..len)
+            .map(|i| {
+                if (i * 31) % 7 == 3 {
+                    0.0
+                } else if i % 2 == 0 {
+                    -0.0
+                } else {
+                    -1.0
+                }
+            })
+            .collect();
+        check::<f32>(&zeros, "signed zeros");
+        check::<f64>(&zeros, "signed zeros");
+        let all_neg_inf = vec![f64::NEG_INFINITY; len];
+        check::<f32>(&all_neg_inf, "all -inf");
+        check::<f64>(&all_neg_inf, "all -inf");
+        for at in [0, len / 2, len - 1] {
+            let mut with_nan = xs.clone();
+            with_nan[at] = f64::NAN;
+            let ts: Vec<f32> = with_nan.iter().map(|&x| x as f32).collect();
+            assert_eq!(f32::fast_argmax(&ts), None, "NaN at {at} of {len}");
+            assert_eq!(f64::fast_argmax(&with_nan), None, "NaN at {at} of {len}");
+        }
+    }
+    assert_eq!(<f32 as FastExtreme>::fast_argmax(&[]), None);
+}
