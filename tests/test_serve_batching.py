@@ -19,7 +19,7 @@ import tritonclient.http as th
 from tritonclient.utils import InferenceServerException
 
 import opbridge as ob
-from test_serve import Served, get, start_server, stop_server
+from test_serve import Served, get, pending_requests, start_server, stop_server, wait_for
 from test_serve_repository import call, index, write_config
 
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning", "ignore::pytest.PytestUnraisableExceptionWarning")
@@ -36,7 +36,6 @@ def batching_repo(tmp_path: Path, delay_us: int, preferred: list[int] | None = N
         ("add_b", "add"),
         ("pow_b", "pow"),
         ("softmax_b", "softmax"),
-        ("matmul_b", "matmul"),
         ("layer_norm_b", "layer_norm"),
     ]:
         write_config(repo, model, f'[alias]\nop = "{op}"\n{batching}')
@@ -91,7 +90,7 @@ def run_threads(count: int, target) -> list[BaseException]:
     return errors
 
 
-def random_request(rng: np.random.Generator, shared_b: list[np.ndarray]) -> tuple[str, dict[str, np.ndarray], bytes]:
+def random_request(rng: np.random.Generator) -> tuple[str, dict[str, np.ndarray], bytes]:
     """A random request to one of the batching models, and the in-process result's bytes."""
     rows = int(rng.integers(1, 5))
     width = int(rng.choice([3, 8]))
@@ -108,8 +107,9 @@ def random_request(rng: np.random.Generator, shared_b: list[np.ndarray]) -> tupl
     if kind == 2:
         return "softmax_b", {"x": x}, ob.ops.softmax(x, axis=-1).tobytes()
     if kind == 3:
-        b = shared_b[int(rng.integers(0, len(shared_b)))][:width].astype(dtype)
-        return "matmul_b", {"a": x, "b": b}, ob.ops.matmul(x, b).tobytes()
+        # Rows long enough for the kernels' vectorized paths.
+        wide = rng.standard_normal((rows, 700)).astype(dtype)
+        return "softmax_b", {"x": wide}, ob.ops.softmax(wide, axis=-1).tobytes()
     if kind == 4:
         w = np.linspace(0.5, 1.5, width).astype(dtype)
         return "layer_norm_b", {"x": x, "weight": w, "bias": w}, ob.ops.layer_norm(x, w, w).tobytes()
@@ -119,14 +119,13 @@ def random_request(rng: np.random.Generator, shared_b: list[np.ndarray]) -> tupl
 
 def test_random_interleavings_equal_the_calls_alone_bit_for_bit(tmp_path):
     served = start_server("--repository", str(batching_repo(tmp_path, delay_us=5000)), "--no-builtins")
-    shared_b = [np.random.default_rng(s).standard_normal((8, 5)) for s in (1, 2)]
     try:
         results: list[tuple[str, bool]] = []
 
         def client(i: int) -> None:
             rng = np.random.default_rng(100 + i)
             for k in range(30):
-                model, inputs, expected = random_request(rng, shared_b)
+                model, inputs, expected = random_request(rng)
                 protocol = "http" if (i + k) % 2 else "grpc"
                 session = f"user-{(i + k) % 4}" if k % 3 == 0 else None
                 got = infer(served, protocol, model, inputs, session)
@@ -138,7 +137,7 @@ def test_random_interleavings_equal_the_calls_alone_bit_for_bit(tmp_path):
         # Something was merged: some execution ran more rows than one request has (at most 4).
         merged = [
             b
-            for model in ("add_b", "softmax_b", "matmul_b", "layer_norm_b", "pow_b")
+            for model in ("add_b", "softmax_b", "layer_norm_b", "pow_b")
             for b in stats(served, model)["batch_stats"]
             if b["batch_size"] > 4
         ]
@@ -325,3 +324,137 @@ def test_shutdown_answers_a_waiting_batch_without_sitting_out_the_delay(tmp_path
         thread.join(timeout=30)
     assert len(answers) == 1 and isinstance(answers[0], np.ndarray)
     assert answers[0].tobytes() == (a + a).tobytes()
+
+
+def test_attributes_merge_only_when_equal_bit_for_bit(tmp_path):
+    # alpha 0.0 and -0.0 compare equal, but give different signed zeros: never one batch.
+    repo = tmp_path / "models"
+    write_config(
+        repo,
+        "axpy_b",
+        '[alias]\nop = "axpy"\n[dynamic_batching]\nmax_queue_delay_us = 3000000\nmax_batch_size = 64\n'
+        "preferred_batch_size = [8]\n",
+    )
+    served = start_server("--repository", str(repo), "--no-builtins")
+    x = np.ones((1, 4), dtype=np.float32)
+    y = np.full((1, 4), -0.0, dtype=np.float32)
+    answers: list[object] = [None] * 8
+
+    def send(i: int) -> None:
+        alpha = 0.0 if i % 2 else -0.0
+        module = th if i % 4 < 2 else tg
+        client = module.InferenceServerClient(served.http if module is th else served.grpc)
+        try:
+            tensors = []
+            for name, value in (("x", x), ("y", y)):
+                tensor = module.InferInput(name, list(value.shape), "FP32")
+                tensor.set_data_from_numpy(value)
+                tensors.append(tensor)
+            answers[i] = (alpha, client.infer("axpy_b", tensors, parameters={"alpha": alpha}).as_numpy("out"))
+        finally:
+            client.close()
+
+    try:
+        assert run_threads(8, send) == []
+        for alpha, got in answers:  # type: ignore[misc]
+            assert got.tobytes() == ob.ops.axpy(x, y, alpha=alpha).tobytes(), alpha
+        assert {np.signbit(got[0, 0]) for _, got in answers} == {True, False}  # type: ignore[misc]
+    finally:
+        stop_server(served)
+
+
+def test_the_queue_bound_counts_requests_a_gathering_batch_holds(tmp_path):
+    # One worker gathers a batch for up to 3 s around the first request; the requests it holds
+    # and those queued behind it count against max_queue_size = 4 and as pending.
+    repo = tmp_path / "models"
+    write_config(
+        repo,
+        "add_q",
+        'max_queue_size = 4\n[alias]\nop = "add"\n[dynamic_batching]\nmax_queue_delay_us = 3000000\n'
+        "max_batch_size = 64\n",
+    )
+    served = start_server("--repository", str(repo), "--no-builtins", "--workers-per-model", "1")
+    answers: list[object] = [None] * 6
+    timings: list[float] = [0.0] * 6
+
+    def send(i: int) -> None:
+        # The first: one row of 4, which the worker takes and waits with; then rows of 8,
+        # which do not fit its group.
+        a = np.full((1, 4 if i == 0 else 8), i, dtype=np.float32)
+        started = time.monotonic()
+        try:
+            answers[i] = infer(served, "http", "add_q", {"a": a, "b": a})
+        except InferenceServerException as error:
+            answers[i] = error
+        timings[i] = time.monotonic() - started
+
+    first = threading.Thread(target=send, args=(0,))
+    first.start()
+    try:
+        assert wait_for(lambda: pending_requests(served, "add_q") == 1)
+        rest = [threading.Thread(target=send, args=(i,)) for i in range(1, 6)]
+        for thread in rest:
+            thread.start()
+        assert wait_for(lambda: sum(isinstance(a, InferenceServerException) for a in answers) == 2)
+        assert pending_requests(served, "add_q") == 4
+        for thread in [first, *rest]:
+            thread.join(timeout=30)
+        refused = [i for i, a in enumerate(answers) if isinstance(a, InferenceServerException)]
+        assert len(refused) == 2, answers
+        for i in refused:
+            assert "exceeds maximum queue size" in str(answers[i]) and timings[i] < 2.0, (answers[i], timings[i])
+        for i, answer in enumerate(answers):
+            if i not in refused:
+                assert isinstance(answer, np.ndarray) and np.all(answer == 2 * i), answer
+        assert pending_requests(served, "add_q") == 0
+    finally:
+        stop_server(served)
+
+
+def test_requests_run_alone_count_their_rows(tmp_path):
+    # Over max_batch_size (4 here): run alone, still counted as its 6 rows, as Triton does.
+    repo = tmp_path / "models"
+    write_config(
+        repo, "add_s", '[alias]\nop = "add"\n[dynamic_batching]\nmax_queue_delay_us = 100\nmax_batch_size = 4\n'
+    )
+    served = start_server("--repository", str(repo), "--no-builtins")
+    try:
+        a = np.ones((6, 3), dtype=np.float32)
+        assert infer(served, "grpc", "add_s", {"a": a, "b": a}).tobytes() == (a + a).tobytes()
+        s = stats(served, "add_s")
+        assert s["inference_count"] == 6 and s["execution_count"] == 1
+        assert [b["batch_size"] for b in s["batch_stats"]] == [6]
+    finally:
+        stop_server(served)
+
+
+def test_a_merged_call_allocates_from_its_sessions_pool(tmp_path):
+    # Eight requests of one session merge into one call: its inputs and outputs are the
+    # session's memory (its peak shows them), and requests of other sessions never join it.
+    served = start_server(
+        "--repository",
+        str(batching_repo(tmp_path, delay_us=3_000_000, preferred=[8])),
+        "--no-builtins",
+        "--session-quota",
+        str(8 << 20),
+    )
+    x = np.random.default_rng(3).standard_normal((1, 16384)).astype(np.float32)  # 64 KiB
+    try:
+        answers: list[object] = [None] * 8
+
+        def send(i: int) -> None:
+            answers[i] = infer(served, "grpc" if i % 2 else "http", "softmax_b", {"x": x}, session="one")
+
+        assert run_threads(8, send) == []
+        expected = ob.ops.softmax(x, axis=-1).tobytes()
+        assert all(a.tobytes() == expected for a in answers)  # type: ignore[union-attr]
+        assert max(b["batch_size"] for b in stats(served, "softmax_b")["batch_stats"]) == 8
+        status, session = call(served, "GET", "/v2/sessions/one")
+        assert status == 200, session
+        (pool,) = session["pools"]
+        # The merged call's 8 rows (its input, then its output) beside the answers' own rows:
+        # twice what the answers alone hold.
+        assert pool["peak_bytes"] >= 2 * 8 * x.nbytes, pool
+        assert pool["used_bytes"] == 0
+    finally:
+        stop_server(served)

@@ -252,6 +252,83 @@ def test_another_sessions_region_does_not_exist(served: Served) -> None:
             http.unregister_system_shared_memory(headers=bob)
 
 
+def test_symbolic_links_and_long_names_are_refused(http: th.InferenceServerClient, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # A link in /dev/shm to a file outside it: never followed (shm_open's O_NOFOLLOW), so a
+    # client cannot map a file the server can open.
+    secret = tmp_path / "secret.bin"
+    secret.write_bytes(b"s" * 4096)
+    link = f"/dev/shm/opbridge-test-{os.getpid()}-link"
+    os.symlink(secret, link)
+    try:
+        refused(lambda: http.register_system_shared_memory("link", link[len("/dev/shm") :], 64), "symbolic link")
+    finally:
+        os.unlink(link)
+    assert secret.read_bytes() == b"s" * 4096
+    with region("long", 64):
+        refused(lambda: http.register_system_shared_memory("n" * 256, key("long"), 64), "1 to 255 bytes")
+        http.register_system_shared_memory("n" * 255, key("long"), 64)
+
+
+def test_duplicate_registration_is_already_exists(
+    http: th.InferenceServerClient, grpc: tg.InferenceServerClient
+) -> None:
+    with region("dup", 64):
+        http.register_system_shared_memory("dup", key("dup"), 64)
+        refused(lambda: http.register_system_shared_memory("dup", key("dup"), 64), "already registered")
+        grpc.register_system_shared_memory("dup2", key("dup"), 64)
+        error = refused(lambda: grpc.register_system_shared_memory("dup2", key("dup"), 64), "already registered")
+        assert error.status() == "StatusCode.ALREADY_EXISTS"
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_an_output_in_another_region_of_the_input_file_is_an_overlap(
+    protocol: str, request: pytest.FixtureRequest
+) -> None:
+    # Two registrations of one file are two mappings: their bytes still alias.
+    client = request.getfixturevalue(protocol)
+    module = th if protocol == "http" else tg
+    with region("one", 2 * SIZE, A, B) as handle:
+        client.register_system_shared_memory("in", key("one"), 2 * SIZE)
+        client.register_system_shared_memory("again", key("one"), 2 * SIZE)
+        inputs = shm_inputs(module, [("a", 0), ("b", SIZE)], "in")
+        refused(lambda: client.infer("add", inputs, outputs=[shm_output(module, "again", SIZE, SIZE)]), "overlaps")
+        # Disjoint bytes of the same file are fine.
+        client.register_system_shared_memory("tail", key("one"), SIZE, offset=SIZE)
+        result = client.infer(
+            "add", shm_inputs(module, [("a", 0), ("b", 0)], "in"), outputs=[shm_output(module, "tail")]
+        )
+        assert result.get_output("out") is not None
+        np.testing.assert_array_equal(shm.get_contents_as_numpy(handle, np.float32, A.shape, offset=SIZE), A + A)
+
+
+def test_regions_per_caller_are_bounded(served: Served) -> None:
+    with th.InferenceServerClient(served.http) as http, region("many", 64):
+        hog = {"opbridge-session": "hog"}
+        try:
+            for i in range(128):
+                http.register_system_shared_memory(f"r{i}", key("many"), 64, headers=hog)
+            refused(lambda: http.register_system_shared_memory("r128", key("many"), 64, headers=hog), "too many")
+            # Another caller is not locked out.
+            http.register_system_shared_memory("mine", key("many"), 64, headers={"opbridge-session": "victim"})
+        finally:
+            http.unregister_system_shared_memory(headers=hog)
+            http.unregister_system_shared_memory(headers={"opbridge-session": "victim"})
+
+
+def test_the_session_id_parameter_names_the_regions_owner(served: Served) -> None:
+    with th.InferenceServerClient(served.http) as http, region("param", 2 * SIZE, A, B):
+        http.register_system_shared_memory("p", key("param"), 2 * SIZE, headers={"opbridge-session": "carol"})
+        try:
+            inputs = shm_inputs(th, [("a", 0), ("b", SIZE)], "p")
+            result = http.infer("add", inputs, parameters={"session_id": "carol"})
+            np.testing.assert_array_equal(result.as_numpy("out"), A + B)
+            refused(
+                lambda: http.infer("add", inputs, parameters={"session_id": "dave"}), "unknown shared memory region"
+            )
+        finally:
+            http.unregister_system_shared_memory(headers={"opbridge-session": "carol"})
+
+
 def mapped(served: Served) -> str:
     with open(f"/proc/{served.process.pid}/maps") as maps:
         return maps.read()

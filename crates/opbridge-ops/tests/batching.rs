@@ -39,16 +39,9 @@ impl Rng {
     }
 }
 
-/// The input shapes of one call with `rows` rows, given the trailing sizes `d`, `k`, `n`.
-fn shapes(
-    op: &str,
-    batching: &Batching,
-    inputs: usize,
-    rows: usize,
-    (d, k, n): (usize, usize, usize),
-) -> Vec<Vec<usize>> {
+/// The input shapes of one call with `rows` rows, given the trailing size `d`.
+fn shapes(op: &str, batching: &Batching, inputs: usize, rows: usize, d: usize) -> Vec<Vec<usize>> {
     match op {
-        "matmul" => vec![vec![rows, k], vec![k, n]],
         "layer_norm" => vec![vec![rows, d], vec![d], vec![d]],
         "rms_norm" => vec![vec![rows, d], vec![d]],
         _ => {
@@ -94,16 +87,18 @@ fn merged_calls_split_back_bit_for_bit() {
             let attrs = schema.bind_attrs(given.iter().cloned()).unwrap();
             for &dtype in schema.dtypes.iter().filter(|d| d.is_float()) {
                 for _ in 0..6 {
-                    let sizes = (1 + rng.below(70), 1 + rng.below(90), 1 + rng.below(90));
+                    // Rows of up to 70 elements, and now and then long ones (where kernels
+                    // switch to blocked or vectorized paths).
+                    let width = if rng.below(4) == 0 { 500 + rng.below(700) } else { 1 + rng.below(70) };
                     let parts: Vec<usize> = (0..2 + rng.below(6)).map(|_| 1 + rng.below(40)).collect();
                     let total: usize = parts.iter().sum();
                     // Shared inputs: one set of bytes for every call.
-                    let template = shapes(&info.name, &batching, schema.inputs.len(), total, sizes);
+                    let template = shapes(&info.name, &batching, schema.inputs.len(), total, width);
                     let shared: Vec<Vec<u8>> = template.iter().map(|s| rng.values(dtype, s.iter().product())).collect();
                     let mut calls = Vec::new();
                     for &rows in &parts {
                         let call: Vec<(Vec<usize>, Vec<u8>)> =
-                            shapes(&info.name, &batching, schema.inputs.len(), rows, sizes)
+                            shapes(&info.name, &batching, schema.inputs.len(), rows, width)
                                 .into_iter()
                                 .enumerate()
                                 .map(|(i, shape)| {
@@ -135,7 +130,7 @@ fn merged_calls_split_back_bit_for_bit() {
                         let split: Vec<u8> = alone.iter().flat_map(|outs| outs[k].iter().copied()).collect();
                         assert!(
                             *bytes == split,
-                            "{} v{version} {dtype}: merged output {k} differs (rows {parts:?}, sizes {sizes:?})",
+                            "{} v{version} {dtype}: merged output {k} differs (rows {parts:?}, width {width})",
                             info.name
                         );
                     }
@@ -144,7 +139,7 @@ fn merged_calls_split_back_bit_for_bit() {
             checked.push(info.name.clone());
         }
     }
-    for expected in ["add", "exp", "sigmoid", "vector_add", "softmax", "layer_norm", "rms_norm", "matmul", "cast"] {
+    for expected in ["add", "exp", "sigmoid", "vector_add", "softmax", "layer_norm", "rms_norm", "cast"] {
         assert!(checked.iter().any(|n| n == expected), "{expected} declares no batching; checked {checked:?}");
     }
 }
@@ -172,9 +167,11 @@ fn calls_that_would_mix_rows_are_refused() {
     assert_eq!(softmax.rows_of(&[meta(&[4, 3])], &axis(-2)), None);
     assert_eq!(softmax.rows_of(&[meta(&[4])], &axis(-1)), None, "a 1-D softmax is one row");
 
-    let (matmul, attrs, _) = declared("matmul");
-    assert_eq!(matmul.rows_of(&[meta(&[4, 3]), meta(&[3, 2])], &attrs), Some(4));
-    assert_eq!(matmul.rows_of(&[meta(&[3]), meta(&[3, 2])], &attrs), None, "a vector has no rows");
+    // The GEMM kernel sums a one-row product in another order than the same row among others
+    // (from about 512 terms): merged matmul calls would not split back bit for bit.
+    for version in [1, 2] {
+        assert!(registry.get("matmul", Some(version)).unwrap().op.batching().is_none(), "matmul v{version}");
+    }
 
     assert!(registry.get("transpose", None).unwrap().op.batching().is_none(), "transpose mixes axes");
     assert!(registry.get("sum", None).unwrap().op.batching().is_none());

@@ -3,11 +3,16 @@
 //! batch size is reached), groups the compatible ones, and runs each group as one call: inputs
 //! concatenated along axis 0 into pooled memory, one launch, outputs split back.
 //!
-//! Compatible means what the operator's [`Batching`] declaration asks: equal attributes and
-//! dtypes, equal shapes past axis 0, shared inputs (`matmul`'s `b`) equal byte for byte, and a
-//! call the declaration accepts (no broadcasting, softmax not along axis 0). The declaration
+//! Compatible means what the operator's [`Batching`] declaration asks: equal attributes (floats
+//! by their bits: `-0.0` is not `0.0`) and dtypes, equal shapes past axis 0, shared inputs equal
+//! byte for byte, and a call the declaration accepts (no broadcasting, softmax not along axis
+//! 0); and one session, whose pool (and quota) holds the merged call's memory. The declaration
 //! promises that the split results equal the calls alone, bit for bit. A request's batch size
 //! is its axis-0 length, as in Triton.
+//!
+//! Gathering takes from the queue only as many requests as would fill the batch: the rest stay
+//! queued, and those taken still count against `max_queue_size` and as pending until they run.
+//! Gathering stops at the deadline, or as soon as any group is full.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -76,8 +81,12 @@ pub fn work(stream: &opbridge_runtime::Stream, jobs: &Jobs<Call>) -> bool {
     };
     let deadline = first.at + policy.delay;
     let mut groups = gather_one(&model, Some(policy), first, Vec::new());
-    // A first request that cannot be batched does not wait for company.
-    while let Some(group) = groups.first().filter(|g| g.open && g.rows < policy.enough) {
+    // A first request that cannot be batched does not wait for company, and a full group does
+    // not wait for the others.
+    while let Some(group) = groups.first().filter(|g| g.open) {
+        if groups.iter().any(|g| g.open && g.rows >= policy.enough) {
+            break;
+        }
         // Woken once as many requests as would fill the batch are queued (guessing they are
         // the size of those so far), or at the deadline: not by each arrival.
         let rows_each = (group.rows / group.members.len()).max(1);
@@ -115,19 +124,23 @@ fn gather_one(
             return groups;
         }
     };
+    // Its batch size, where the declaration accepts the call: what it counts for even alone.
+    let declared = policy.and_then(|p| p.op.rows_of(&checked.metas(), &checked.attrs));
     // A call in shared memory runs alone, in place: merging would copy it.
-    let rows = policy.filter(|_| checked.shm.is_none()).and_then(|p| {
-        let rows = p.op.rows_of(&checked.metas(), &checked.attrs)?;
-        (rows <= p.config.max_batch_size).then_some(rows)
-    });
+    let rows = policy
+        .filter(|_| checked.shm.is_none())
+        .and(declared)
+        .filter(|&rows| policy.is_some_and(|p| rows <= p.config.max_batch_size));
     let (Some(policy), Some(rows)) = (policy, rows) else {
-        let member = Member { checked, reply, rows: 1, queued_at: at };
-        groups.push(Group { members: vec![member], rows: 1, open: false });
+        let rows = declared.unwrap_or(1);
+        let member = Member { checked, reply, rows, queued_at: at };
+        groups.push(Group { members: vec![member], rows, open: false });
         return groups;
     };
     let fits = |g: &Group| {
         g.open
             && g.rows + rows <= policy.config.max_batch_size
+            && same_session(&g.members[0].reply, &reply)
             && compatible(&policy.op, &g.members[0].checked, &checked)
     };
     let place = groups.iter().position(fits);
@@ -142,9 +155,19 @@ fn gather_one(
     groups
 }
 
+/// Whether two requests are in one session (or both in none): a merged call's memory comes
+/// from one pool.
+fn same_session(a: &Reply, b: &Reply) -> bool {
+    match (&a.session, &b.session) {
+        (None, None) => true,
+        (Some(a), Some(b)) => a.same_pool(b),
+        _ => false,
+    }
+}
+
 /// Whether two checked calls can run as one (see the module documentation).
 fn compatible(op: &Batching, a: &Checked, b: &Checked) -> bool {
-    a.attrs == b.attrs
+    a.attrs.same_as(&b.attrs)
         && a.inputs.len() == b.inputs.len()
         && a.inputs.iter().zip(&b.inputs).enumerate().all(|(i, pair)| match pair {
             (None, None) => true,
@@ -203,7 +226,9 @@ struct Merged {
     infer_ns: u64,
 }
 
-/// Runs `members` as one call of `rows` rows, in the model's device pool.
+/// Runs `members` as one call of `rows` rows, in their session's pool (else the model's
+/// device pool): over its quota, the call fails and its requests run alone, each answered
+/// with its own outcome.
 fn run_merged(
     model: &ModelVersion,
     members: &[Member],
@@ -212,6 +237,7 @@ fn run_merged(
 ) -> Result<Merged> {
     let started = Instant::now();
     let ctx = DeviceContext::get(model.device)?;
+    let alloc = infer::allocator(ctx, members[0].reply.session.as_ref());
     let first = &members[0].checked;
     let shared = model.batching.as_ref().map_or(&[][..], |p| p.op.shared);
     let mut metas = Vec::with_capacity(first.inputs.len());
@@ -224,14 +250,14 @@ fn run_merged(
         };
         let mut shape = input.shape.clone();
         let tensor = if shared.contains(&i) {
-            infer::tensor_from_bytes(ctx.pool(), &shape, input.dtype, &input.bytes, stream)?
+            infer::tensor_from_bytes(alloc, &shape, input.dtype, &input.bytes, stream)?
         } else {
             shape[0] = rows;
             let mut bytes = Vec::with_capacity(members.iter().map(|m| m.input_len(i)).sum());
             for member in members {
                 bytes.extend_from_slice(member.checked.inputs[i].as_ref().map_or(&[][..], |x| &x.bytes[..]));
             }
-            infer::tensor_from_bytes(ctx.pool(), &shape, input.dtype, &bytes, stream)?
+            infer::tensor_from_bytes(alloc, &shape, input.dtype, &bytes, stream)?
         };
         metas.push(Some(Meta::new(input.dtype, &shape)));
         inputs.push(Some(Arc::new(tensor)));
@@ -246,7 +272,7 @@ fn run_merged(
     }
     let input_ns = started.elapsed().as_nanos() as u64;
     let computing = Instant::now();
-    let outputs = infer::compute(model, &first.attrs, &plan, &inputs, stream, ctx.pool())?;
+    let outputs = infer::compute(model, &first.attrs, &plan, &inputs, stream, alloc)?;
     Ok(Merged { outputs, started, input_ns, infer_ns: computing.elapsed().as_nanos() as u64 })
 }
 

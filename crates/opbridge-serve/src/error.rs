@@ -25,6 +25,9 @@ pub enum Code {
     UnsupportedMediaType,
     /// A missing or wrong token: 401 / UNAUTHENTICATED.
     Unauthenticated,
+    /// Something of that name exists already (a shared-memory region): 400 / ALREADY_EXISTS,
+    /// as Triton maps it.
+    AlreadyExists,
     /// Our own bug or a device failure: 500 / INTERNAL.
     Internal,
 }
@@ -60,7 +63,7 @@ impl ServeError {
 
     pub fn http_status(&self) -> u16 {
         match self.code {
-            Code::InvalidArgument | Code::TooLarge => 400,
+            Code::InvalidArgument | Code::TooLarge | Code::AlreadyExists => 400,
             Code::NotFound => 404,
             Code::Unavailable | Code::OutOfMemory => 503,
             Code::QuotaExceeded => 429,
@@ -74,6 +77,7 @@ impl ServeError {
     pub fn grpc_code(&self) -> tonic::Code {
         match self.code {
             Code::InvalidArgument => tonic::Code::InvalidArgument,
+            Code::AlreadyExists => tonic::Code::AlreadyExists,
             Code::NotFound => tonic::Code::NotFound,
             Code::Unavailable => tonic::Code::Unavailable,
             Code::TooLarge | Code::OutOfMemory | Code::QuotaExceeded => tonic::Code::ResourceExhausted,

@@ -43,6 +43,9 @@ struct State<T> {
     /// would fill it, and is not woken by each arrival before that: one wake-up per batch, not
     /// per request (a thread wake-up costs more than a small request's kernel).
     wake_at: usize,
+    /// Items the worker holding the queue took and has not started running (a batch being
+    /// gathered): they still count against the capacity and as pending.
+    held: usize,
 }
 
 impl<T> Jobs<T> {
@@ -70,6 +73,7 @@ impl<T> Taken<'_, T> {
         let mut state = self.jobs.lock();
         loop {
             if let Some(queued) = state.items.pop_front() {
+                state.held += 1;
                 return Some(queued);
             }
             if state.closed {
@@ -81,17 +85,28 @@ impl<T> Taken<'_, T> {
         }
     }
 
-    /// Every queued item once `count` are queued or `deadline` has passed (or the queue is
-    /// closed), waiting until then: empty when the deadline passed with nothing queued.
+    /// Up to `count` queued items, the oldest first, once `count` are queued or `deadline` has
+    /// passed (or the queue is closed or hurried), waiting until then: empty when the deadline
+    /// passed with nothing queued. The rest stay queued (still bounded by the capacity).
     pub fn when(&self, count: usize, deadline: Instant) -> Vec<Queued<T>> {
+        let count = count.max(1);
         let mut state = self.jobs.lock();
-        while state.items.len() < count.max(1) && !state.closed && !state.hurry {
+        while state.items.len() < count && !state.closed && !state.hurry {
             let Some(wait) = deadline.checked_duration_since(Instant::now()).filter(|d| !d.is_zero()) else { break };
-            state.wake_at = count.max(1);
+            state.wake_at = count;
             state = self.jobs.changed.wait_timeout(state, wait).unwrap_or_else(|p| p.into_inner()).0;
             state.wake_at = 0;
         }
-        state.items.drain(..).collect()
+        let taken = count.min(state.items.len());
+        state.held += taken;
+        state.items.drain(..taken).collect()
+    }
+}
+
+impl<T> Drop for Taken<'_, T> {
+    /// The held items are about to run (or were answered): no longer pending.
+    fn drop(&mut self) {
+        self.jobs.lock().held = 0;
     }
 }
 
@@ -117,8 +132,14 @@ impl<T: Send + 'static> Executor<T> {
         capacity: usize,
         work: Work<T>,
     ) -> Result<Executor<T>> {
-        let state =
-            State { items: VecDeque::new(), capacity: capacity.max(1), closed: false, hurry: false, wake_at: 0 };
+        let state = State {
+            items: VecDeque::new(),
+            capacity: capacity.max(1),
+            closed: false,
+            hurry: false,
+            wake_at: 0,
+            held: 0,
+        };
         let jobs = Arc::new(Jobs { gate: Mutex::new(()), state: Mutex::new(state), changed: Condvar::new() });
         let mut handles = Vec::new();
         for i in 0..workers.max(1) {
@@ -142,7 +163,7 @@ impl<T: Send + 'static> Executor<T> {
         if state.closed {
             return Err(ServeError::unavailable(format!("{} is unloading", self.label)));
         }
-        if state.items.len() >= state.capacity {
+        if state.items.len() + state.held >= state.capacity {
             return Err(ServeError::unavailable(format!("{}: exceeds maximum queue size", self.label)));
         }
         state.items.push_back(Queued { item, at: Instant::now() });
@@ -154,9 +175,11 @@ impl<T: Send + 'static> Executor<T> {
         Ok(())
     }
 
-    /// Items queued and not yet taken (the `nv_inference_pending_request_count` gauge).
+    /// Items queued or held by a gathering batch, not yet running (the
+    /// `nv_inference_pending_request_count` gauge).
     pub fn pending(&self) -> usize {
-        self.jobs.lock().items.len()
+        let state = self.jobs.lock();
+        state.items.len() + state.held
     }
 
     /// Refuses new jobs, lets the workers finish the queued ones, and waits for them (blocking:

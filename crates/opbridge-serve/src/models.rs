@@ -561,7 +561,12 @@ impl Models {
         };
         // Replaced versions are not drained: a request that resolved one just before the swap
         // still submits to it (a reload never answers 503). Each closes its queue, and unloads
-        // its library, when the last request holding it lets go.
+        // its library, when the last request holding it lets go. Its batches stop waiting for
+        // company now: no request reaches it any more, so one gathering there would sit out the
+        // whole `max_queue_delay_us`.
+        for version in old.values() {
+            version.executor.hurry();
+        }
         drop(old);
         tracing::info!(model = name, "loaded");
         Ok(())

@@ -175,6 +175,11 @@ pub struct Lease {
 }
 
 impl Lease {
+    /// Whether `other` allocates from the same pool (the same session, on the same model).
+    pub fn same_pool(&self, other: &Lease) -> bool {
+        Arc::ptr_eq(&self.session, &other.session) && self.model == other.model
+    }
+
     /// Refuses a request that needs `need` more bytes than the pool has left: before anything
     /// is allocated, with every number the client needs to understand why.
     pub fn check_need(&self, need: usize) -> Result<()> {

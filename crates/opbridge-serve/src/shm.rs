@@ -81,9 +81,15 @@ impl ShmSlice {
         self.addr() % dtype.size() == 0
     }
 
+    /// Whether the two slices share bytes of one file: compared by the file's identity and
+    /// offsets in it, not by address, since two regions of one file are two mappings.
     fn overlaps(&self, other: &ShmSlice) -> bool {
-        let (a, b) = (self.addr(), other.addr());
-        self.size > 0 && other.size > 0 && a < b + other.size && b < a + self.size
+        let (a, b) = (self.at(), other.at());
+        self.region.mapping.identity() == other.region.mapping.identity()
+            && self.size > 0
+            && other.size > 0
+            && a < b + other.size
+            && b < a + self.size
     }
 
     /// The parameters an output written here is answered with (Triton's).
@@ -95,6 +101,43 @@ impl ShmSlice {
         ]
     }
 }
+
+/// Each mapping keeps its file open (to see truncation before each use): the soft limit of
+/// open files (often 1024) is raised to the hard one, so registered regions cannot starve the
+/// listeners of sockets. Best effort.
+fn raise_open_file_limit() {
+    #[cfg(target_os = "linux")]
+    {
+        use rustix::process::{getrlimit, setrlimit, Resource};
+        let mut limit = getrlimit(Resource::Nofile);
+        if limit.current < limit.maximum {
+            limit.current = limit.maximum;
+            if let Err(e) = setrlimit(Resource::Nofile, limit) {
+                tracing::warn!("cannot raise the open-file limit for shared memory: {e}");
+            }
+        }
+    }
+}
+
+/// The owner of the regions an inference request names: its `opbridge-session` header, else
+/// its `session_id` parameter (the two name one session, as for its memory), else nobody.
+/// Register, status and unregister calls carry no parameters: their owner is the header's.
+pub fn owner_of(header: &[u8], params: &[(String, Param)]) -> Vec<u8> {
+    if !header.is_empty() {
+        return header.to_vec();
+    }
+    match params.iter().find(|(k, _)| k == crate::sessions::SESSION_PARAM) {
+        Some((_, Param::Str(id))) => id.as_bytes().to_vec(),
+        _ => Vec::new(),
+    }
+}
+
+/// The longest region name and key taken (longer ones are refused, not stored and echoed).
+const MAX_NAME_BYTES: usize = 255;
+
+/// Regions one owner may have registered at once: one client cannot take every mapping of
+/// the server ([`opbridge_shm::MAX_MAPPINGS`]) from the others.
+pub const MAX_REGIONS_PER_OWNER: usize = opbridge_shm::MAX_MAPPINGS / 8;
 
 /// Regions by owner (the `opbridge-session` value, empty without) and name.
 type Table = BTreeMap<(Vec<u8>, String), Arc<Region>>;
@@ -111,6 +154,7 @@ impl Regions {
     /// Shared memory allowed (the SIGBUS guard installed first).
     pub fn allowed() -> std::result::Result<Regions, String> {
         opbridge_shm::install_sigbus_guard().map_err(|e| format!("--allow-shared-memory: {e}"))?;
+        raise_open_file_limit();
         Ok(Regions { enabled: true, table: Mutex::default() })
     }
 
@@ -125,11 +169,27 @@ impl Regions {
 
     /// Maps `byte_size` bytes at `offset` of `key`'s file as region `name` of `owner`.
     pub fn register(&self, owner: &[u8], name: &str, key: &str, offset: u64, byte_size: u64) -> Result<()> {
+        // (An empty key is refused by the mapping, as a key that is no file name.)
+        for (what, text, empty_ok) in [("name", name, false), ("key", key, true)] {
+            if text.len() > MAX_NAME_BYTES || (text.is_empty() && !empty_ok) {
+                return Err(ServeError::invalid(format!(
+                    "shared memory region {what} '{}' must be 1 to {MAX_NAME_BYTES} bytes long (it is {})",
+                    truncate(text, 64),
+                    text.len()
+                )));
+            }
+        }
         let mut table = self.table()?;
         if table.contains_key(&(owner.to_vec(), name.to_string())) {
-            return Err(ServeError::invalid(format!(
-                "shared memory region '{}' is already registered",
-                truncate(name, 64)
+            return Err(ServeError::new(
+                Code::AlreadyExists,
+                format!("shared memory region '{}' is already registered", truncate(name, 64)),
+            ));
+        }
+        if table.keys().filter(|(o, _)| o == owner).count() >= MAX_REGIONS_PER_OWNER {
+            return Err(ServeError::unavailable(format!(
+                "too many shared memory regions registered by this caller (at most {MAX_REGIONS_PER_OWNER}); \
+                 unregister some first"
             )));
         }
         let span = |n: u64| usize::try_from(n).ok();

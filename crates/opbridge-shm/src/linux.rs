@@ -3,6 +3,7 @@
 use std::ffi::c_void;
 use std::fs::File;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
@@ -39,6 +40,8 @@ fn slot_of(addr: usize) -> Option<&'static Slot> {
 pub struct Mapping {
     key: String,
     file: File,
+    /// The file's (device, inode): two mappings of one file alias each other.
+    identity: (u64, u64),
     addr: usize,
     len: usize,
     slot: &'static Slot,
@@ -46,12 +49,29 @@ pub struct Mapping {
 
 impl Mapping {
     /// Opens `/dev/shm/<key>` read-write and maps its first `len` bytes, once the file is
-    /// known to hold them.
+    /// known to hold them. The key must name a regular file there: a symbolic link is not
+    /// followed (as `shm_open` does not: it would let a client map any file the server can
+    /// open), and a FIFO, device or folder is refused. Pages are mapped as the kernels touch
+    /// them, not all at once (a large sparse file costs nothing until used).
     pub fn open(key: &str, len: usize) -> Result<Mapping, ShmError> {
         let name = crate::file_name(key)?;
         let failed = |e: std::io::Error| ShmError::Open { key: key.into(), message: e.to_string() };
-        let file = File::options().read(true).write(true).open(format!("/dev/shm/{name}")).map_err(failed)?;
-        let file_len = file.metadata().map_err(failed)?.len();
+        let file = File::options()
+            .read(true)
+            .write(true)
+            // Non-blocking: opening a FIFO must not wait for a writer before it is refused.
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(format!("/dev/shm/{name}"))
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::ELOOP) => ShmError::Open { key: key.into(), message: "it is a symbolic link".into() },
+                _ => failed(e),
+            })?;
+        let metadata = file.metadata().map_err(failed)?;
+        if !metadata.is_file() {
+            return Err(ShmError::Open { key: key.into(), message: "it is not a regular file".into() });
+        }
+        let identity = (metadata.dev(), metadata.ino());
+        let file_len = metadata.len();
         if len == 0 || file_len < len as u64 {
             return Err(ShmError::TooSmall { key: key.into(), file: file_len, need: len });
         }
@@ -66,7 +86,7 @@ impl Mapping {
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
+                libc::MAP_SHARED,
                 file.as_raw_fd(),
                 0,
             )
@@ -80,7 +100,12 @@ impl Mapping {
         slot.damaged.store(false, Ordering::Release);
         slot.start.store(addr, Ordering::Release);
         slot.len.store(len, Ordering::Release);
-        Ok(Mapping { key: key.into(), file, addr, len, slot })
+        Ok(Mapping { key: key.into(), file, identity, addr, len, slot })
+    }
+
+    /// The mapped file's identity (device, inode).
+    pub fn identity(&self) -> (u64, u64) {
+        self.identity
     }
 
     /// The address of the file's first byte.
@@ -282,6 +307,29 @@ mod tests {
         assert!(matches!(Mapping::open(&file.0, 101), Err(ShmError::TooSmall { file: 100, need: 101, .. })));
         assert!(matches!(Mapping::open("/opbridge-shm-test-missing", 1), Err(ShmError::Open { .. })));
         assert!(matches!(Mapping::open("../etc/passwd", 1), Err(ShmError::BadKey(_))));
+    }
+
+    #[test]
+    fn refuses_symbolic_links_and_files_that_are_not_regular() {
+        let target = ShmFile::new("target", 4096);
+        let link = format!("opbridge-shm-test-link-{}", std::process::id());
+        let _ = std::fs::remove_file(format!("/dev/shm/{link}"));
+        std::os::unix::fs::symlink(target.path(), format!("/dev/shm/{link}")).expect("symlink");
+        let refused = Mapping::open(&link, 16);
+        let _ = std::fs::remove_file(format!("/dev/shm/{link}"));
+        assert!(
+            matches!(&refused, Err(ShmError::Open { message, .. }) if message.contains("symbolic link")),
+            "{refused:?}"
+        );
+        let folder = format!("opbridge-shm-test-dir-{}", std::process::id());
+        std::fs::create_dir(format!("/dev/shm/{folder}")).expect("mkdir");
+        let refused = Mapping::open(&folder, 16);
+        let _ = std::fs::remove_dir(format!("/dev/shm/{folder}"));
+        assert!(matches!(&refused, Err(ShmError::Open { .. })), "{refused:?}");
+        // Two mappings of one file have one identity.
+        let (a, b) = (Mapping::open(&target.0, 16).expect("a"), Mapping::open(&target.0, 32).expect("b"));
+        assert_eq!(a.identity(), b.identity());
+        assert_ne!(a.addr(), b.addr());
     }
 
     #[test]

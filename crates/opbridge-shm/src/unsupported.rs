@@ -17,6 +17,10 @@ impl Mapping {
         match self.never {}
     }
 
+    pub fn identity(&self) -> (u64, u64) {
+        match self.never {}
+    }
+
     pub fn len(&self) -> usize {
         match self.never {}
     }

@@ -126,13 +126,9 @@ fn vector_add_op() -> Result<Arc<dyn Operator>> {
     ))
 }
 
-/// `a @ b` over rows of `a` (2-D, or batches of matrices) with one `b` (2-D) shared by the
-/// merged calls: each output row depends on its row of `a` and on `b` only, and the kernels
-/// sum each row in the same order whatever the row count (the batching test checks it).
-pub(crate) const SHARED_B: Batching = Batching {
-    shared: &[1],
-    accepts: |inputs, _| matches!(inputs, [Some(a), Some(b)] if a.shape.len() >= 2 && b.shape.len() == 2),
-};
+// matmul declares no batching: the GEMM kernel sums a one-row product in another order than
+// the same row among others (from about 512 terms), so a merged call would not give the calls
+// alone bit for bit.
 
 /// Maps a CPU kernel's refusal to `OpError::CpuKernel`, naming the operator `op`.
 fn kernel(op: &str) -> impl Fn(KernelError) -> OpError + '_ {
@@ -240,23 +236,19 @@ fn matmul_views(a: &TensorView, b: &TensorView, out: &TensorView) {
 /// `matmul` v1 with its view lane: two 2-D operands of one float dtype with matching inner
 /// dimensions (everything else, promotion and errors included, takes the generic path).
 fn matmul_op() -> Result<Arc<dyn Operator>> {
-    Ok(Arc::new(
-        native::op::<Matmul>()?
-            .with_view_lane(ViewLane {
-                accepts: |dtype| mm::MATMUL_DTYPES.contains(&dtype),
-                shape: Box::new(|shapes| match shapes {
-                    [&[m, k], &[k2, n]] if k == k2 => Some(Dims::from_slice(&[m, n])),
-                    _ => None,
-                }),
-                work_bytes: |shapes, dtype| match shapes {
-                    [&[m, k], &[_, n]] => m.saturating_mul(n).saturating_mul(k).saturating_mul(dtype.size()),
-                    _ => 0,
-                },
-                run: Box::new(|inputs, out| {
-                    matmul_views(&inputs[0], &inputs[1], out);
-                    Ok(())
-                }),
-            })
-            .with_batching(SHARED_B),
-    ))
+    Ok(Arc::new(native::op::<Matmul>()?.with_view_lane(ViewLane {
+        accepts: |dtype| mm::MATMUL_DTYPES.contains(&dtype),
+        shape: Box::new(|shapes| match shapes {
+            [&[m, k], &[k2, n]] if k == k2 => Some(Dims::from_slice(&[m, n])),
+            _ => None,
+        }),
+        work_bytes: |shapes, dtype| match shapes {
+            [&[m, k], &[_, n]] => m.saturating_mul(n).saturating_mul(k).saturating_mul(dtype.size()),
+            _ => 0,
+        },
+        run: Box::new(|inputs, out| {
+            matmul_views(&inputs[0], &inputs[1], out);
+            Ok(())
+        }),
+    })))
 }
