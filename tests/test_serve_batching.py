@@ -20,7 +20,7 @@ from tritonclient.utils import InferenceServerException
 
 import opbridge as ob
 from test_serve import Served, get, pending_requests, start_server, stop_server, wait_for
-from test_serve_repository import call, index, write_config
+from test_serve_repository import call, index, load, write_config
 
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning", "ignore::pytest.PytestUnraisableExceptionWarning")
 
@@ -457,4 +457,27 @@ def test_a_merged_call_allocates_from_its_sessions_pool(tmp_path):
         assert pool["peak_bytes"] >= 2 * 8 * x.nbytes, pool
         assert pool["used_bytes"] == 0
     finally:
+        stop_server(served)
+
+
+def test_a_reload_answers_the_replaced_versions_waiting_batch(tmp_path):
+    # No request reaches a replaced version again: its gathering batch runs now, not after the
+    # 30 s delay.
+    repo = batching_repo(tmp_path, delay_us=30_000_000)
+    served = start_server(
+        "--repository", str(repo), "--no-builtins", "--model-control-mode", "explicit", "--load-model", "add_b"
+    )
+    a = np.arange(4, dtype=np.float32).reshape(1, 4)
+    answers: list[object] = []
+    thread = threading.Thread(target=lambda: answers.append(infer(served, "http", "add_b", {"a": a, "b": a})))
+    thread.start()
+    try:
+        assert wait_for(lambda: pending_requests(served, "add_b") == 1)
+        started = time.monotonic()
+        assert load(served, "add_b")[0] == 200
+        thread.join(timeout=20)
+        assert not thread.is_alive() and time.monotonic() - started < 10
+        assert len(answers) == 1 and answers[0].tobytes() == (a + a).tobytes()  # type: ignore[union-attr]
+    finally:
+        thread.join(timeout=40)
         stop_server(served)
