@@ -157,3 +157,31 @@ def test_tensor_path_for_reductions_and_nn(rng):
     t = ob.asarray(x)
     np.testing.assert_allclose(ob.ops.sum(t, axis=1).numpy(), x.sum(1), rtol=1e-6)
     np.testing.assert_allclose(ob.ops.softmax(t).numpy(), np_softmax(x, -1), rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["sum", "mean", "max", "min", "argmax"])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, np.int32, np.int64])
+def test_the_whole_array_lane_equals_the_generic_path(name: str, dtype: type) -> None:
+    # `op(x)` alone takes the view lane; `op(x, axis=None)` (a keyword) the generic path: the
+    # same bits, dtype, shape and type, in every layout, with and without out=.
+    op = ob.ops.get(name)
+    rng = np.random.default_rng(11)
+    for shape in [(), (1,), (7,), (3, 5), (4, 1, 6), (70_000,)]:
+        x = (rng.standard_normal(shape) * 10).astype(dtype)
+        views = [x]
+        if x.ndim >= 1 and x.shape[-1] > 1:
+            views.append(x[..., ::-2])
+        if x.ndim == 2:
+            views.append(x.T)
+        for v in views:
+            lane, generic = op(v), op(v, axis=None)
+            assert type(lane) is type(generic) and lane.dtype == generic.dtype and lane.shape == generic.shape
+            assert lane.tobytes() == generic.tobytes(), (shape, v.strides)
+            out = np.empty((), dtype=lane.dtype)
+            assert op(v, out=out) is out and out.tobytes() == lane.tobytes()
+    # Empty inputs and outputs of another dtype are the generic path's, errors included.
+    if name in ("max", "min", "argmax"):
+        with pytest.raises(ob.ArgumentError, match="empty|zero-size"):
+            op(np.zeros((0,), dtype))
+    with pytest.raises(ob.OpBridgeError):
+        op(np.ones(3, dtype), out=np.empty((), dtype=np.int8))

@@ -196,14 +196,16 @@ pub type ViewLaneShapeFn = dyn Fn(&[&[usize]]) -> Option<Dims> + Send + Sync;
 /// contiguous, of the lane's shape, disjoint from the inputs.
 pub type ViewLaneKernelFn = dyn Fn(&[TensorView], &TensorView) -> Result<()> + Send + Sync;
 
-/// The fast lane of an operator over strided views (`matmul`): every input of one dtype the lane
-/// accepts, any strides, no attributes, one output. As with [`Lane`], the caller that has
+/// The fast lane of an operator over strided views (`matmul`, the whole-array reductions): every
+/// input of one dtype the lane accepts, any strides, attributes at their defaults, one output. As with [`Lane`], the caller that has
 /// checked those conditions skips the generic description of the call (input-dtype rule, shape
 /// function memo, output checks): the lane's own shape rule answers, or declines and the
 /// generic path takes the call (errors included). Results must equal the generic path's.
 pub struct ViewLane {
-    /// dtypes the lane serves (inputs and output of that one dtype).
+    /// dtypes the lane serves (the inputs all of that one dtype).
     pub accepts: fn(DType) -> bool,
+    /// The output's dtype for inputs of `dtype` (`argmax` gives int64, `sum` of int32 int64).
+    pub out_dtype: fn(DType) -> DType,
     /// The output's shape, or `None` to decline (shapes the generic path must reject or that
     /// need more than the lane knows).
     pub shape: Box<ViewLaneShapeFn>,

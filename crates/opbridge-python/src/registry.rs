@@ -324,7 +324,7 @@ fn try_lane<'py, A: std::ops::Deref<Target = Bound<'py, PyAny>>>(
 /// The view fast lane (see `opbridge_ops::registry::ViewLane`): every argument an exact ndarray of one
 /// dtype the lane accepts, aligned, in native byte order, with strides in whole elements (any
 /// layout: transposed views are read in place), no attributes, and `out` (when given) a plain
-/// C-contiguous writeable ndarray of the lane's shape and dtype, disjoint from the inputs.
+/// C-contiguous writeable ndarray of the lane's shape and output dtype, disjoint from the inputs.
 /// Returns `None` when the call does not qualify or the lane declines its shapes: the generic
 /// path then handles it, errors, promotion and overlapping outputs included.
 fn try_view_lane<'py, A: std::ops::Deref<Target = Bound<'py, PyAny>>>(
@@ -367,10 +367,11 @@ fn try_view_lane<'py, A: std::ops::Deref<Target = Bound<'py, PyAny>>>(
     let shapes: Few<&[usize]> = views.iter().map(|v| v.shape.as_slice()).collect();
     let Some(shape) = (lane.shape)(&shapes) else { return Ok(None) };
     let work = (lane.work_bytes)(&shapes, dtype);
+    let out_dtype = (lane.out_dtype)(dtype);
     let (target, result) = match out {
         None => {
-            let fresh = new_output(py, dtype, &shape)?;
-            (TensorView::contiguous(fresh.layout().data, dtype, &shape), fresh.array.into_any())
+            let fresh = new_output(py, out_dtype, &shape)?;
+            (TensorView::contiguous(fresh.layout().data, out_dtype, &shape), fresh.array.into_any())
         }
         Some(given) => {
             let Some(array) = np_ffi::as_exact_ndarray(given) else { return Ok(None) };
@@ -379,12 +380,12 @@ fn try_view_lane<'py, A: std::ops::Deref<Target = Bound<'py, PyAny>>>(
                 && layout.is_aligned()
                 && layout.is_native()
                 && layout.is_writeable()
-                && np_ffi::dtype_of_num(layout.type_num) == Some(dtype)
+                && np_ffi::dtype_of_num(layout.type_num) == Some(out_dtype)
                 && array.shape() == shape.as_slice();
             if !usable {
                 return Ok(None);
             }
-            let target = TensorView::contiguous(layout.data, dtype, &shape);
+            let target = TensorView::contiguous(layout.data, out_dtype, &shape);
             if views.iter().any(|v| overlap(v.byte_span(), target.byte_span()) != Overlap::Disjoint) {
                 return Ok(None);
             }

@@ -238,6 +238,7 @@ fn matmul_views(a: &TensorView, b: &TensorView, out: &TensorView) {
 fn matmul_op() -> Result<Arc<dyn Operator>> {
     Ok(Arc::new(native::op::<Matmul>()?.with_view_lane(ViewLane {
         accepts: |dtype| mm::MATMUL_DTYPES.contains(&dtype),
+        out_dtype: |dtype| dtype,
         shape: Box::new(|shapes| match shapes {
             [&[m, k], &[k2, n]] if k == k2 => Some(Dims::from_slice(&[m, n])),
             _ => None,

@@ -12,8 +12,9 @@ use crate::cpu::nn;
 use crate::cpu::reduce::{normalize_axis, reduce, reduce_result_dtype, reduce_shape, ReduceOp};
 use crate::error::{OpError, Result};
 use crate::native::{self, view, view_mut};
-use crate::registry::{Batching, Operator};
+use crate::registry::{Batching, Operator, ViewLane};
 use crate::schema::{AttrValue, Attrs as HostAttrs, Meta as HostMeta};
+use crate::view::Dims;
 
 const FLOATS: [DType; 3] = [DType::F16, DType::F32, DType::F64];
 const INTS: [DType; 2] = [DType::I32, DType::I64];
@@ -27,11 +28,11 @@ pub fn all() -> Result<Vec<Arc<dyn Operator>>> {
     }
     const _: () = assert!(ReduceOp::ALL.len() == 5, "register every reduction below");
     Ok(vec![
-        arc::<Reduction<0>>()?,
-        arc::<Reduction<1>>()?,
-        arc::<Reduction<2>>()?,
-        arc::<Reduction<3>>()?,
-        arc::<Reduction<4>>()?,
+        reduction::<0>()?,
+        reduction::<1>()?,
+        reduction::<2>()?,
+        reduction::<3>()?,
+        reduction::<4>()?,
         batched::<Softmax<false>>(SOFTMAX_ROWS)?,
         batched::<Softmax<true>>(SOFTMAX_ROWS)?,
         batched::<LayerNorm>(Batching { shared: &[1, 2], accepts: NORM_ROWS })?,
@@ -57,6 +58,28 @@ const SOFTMAX_ROWS: Batching = Batching {
 /// The norms work over the last axis: rows along axis 0 when `x` has two axes or more.
 const NORM_ROWS: fn(&[Option<HostMeta>], &HostAttrs) -> bool =
     |inputs, _| matches!(inputs.first(), Some(Some(x)) if x.shape.len() >= 2);
+
+/// `ReduceOp::ALL[K]` with its view lane: `op(x)` over every axis of a non-empty `x` of any
+/// dtype and strides, with the attributes' defaults (the call numpy users write most), skips the
+/// generic description of the call (attribute binding, shape rule, plan): 0.7 µs of a 64K
+/// float32 `argmax`'s 4 µs. Other calls, empty ones and errors take the generic path.
+fn reduction<const K: usize>() -> Result<Arc<dyn Operator>> {
+    Ok(Arc::new(native::op::<Reduction<K>>()?.with_view_lane(ViewLane {
+        accepts: |_| true,
+        out_dtype: |dtype| reduce_result_dtype(Reduction::<K>::OP, dtype),
+        shape: Box::new(|shapes| match shapes {
+            [x] if x.iter().all(|&d| d > 0) => Some(Dims::new()),
+            _ => None,
+        }),
+        work_bytes: |shapes, dtype| {
+            shapes.first().map_or(0, |x| x.iter().product::<usize>().saturating_mul(dtype.size()))
+        },
+        run: Box::new(|inputs, out| {
+            // SAFETY: views valid per the view lane's contract; the output is disjoint.
+            unsafe { reduce(Reduction::<K>::OP, &inputs[0], None, out) }.map_err(kernel(Reduction::<K>::NAME))
+        }),
+    })))
+}
 
 /// `ReduceOp::ALL[K]` (`sum`, `mean`, `max`, `min`, `argmax`).
 struct Reduction<const K: usize>;
