@@ -455,6 +455,7 @@ def test_a_merged_call_allocates_from_its_sessions_pool(tmp_path):
         # The merged call's 8 rows (its input, then its output) beside the answers' own rows:
         # twice what the answers alone hold.
         assert pool["peak_bytes"] >= 2 * 8 * x.nbytes, pool
+        assert session["peak_bytes"] >= pool["peak_bytes"], session
         assert pool["used_bytes"] == 0
     finally:
         stop_server(served)

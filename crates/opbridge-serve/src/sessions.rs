@@ -140,6 +140,7 @@ impl Session {
     }
 
     fn json(&self) -> Value {
+        let pool_peak = self.pools().values().map(|p| p.pool.usage().1).max().unwrap_or(0);
         let pools: Vec<Value> = self
             .pools()
             .iter()
@@ -157,7 +158,9 @@ impl Session {
             "last_seen_ms": self.last_seen_ms.load(Ordering::Relaxed),
             "idle_ms": self.idle_for().as_millis() as u64,
             "used_bytes": self.used(),
-            "peak_bytes": self.peak.load(Ordering::Relaxed),
+            // At least any one pool's own peak: the samples taken after requests miss what a
+            // request freed before its end (its inputs, say).
+            "peak_bytes": self.peak.load(Ordering::Relaxed).max(pool_peak),
             "quota_bytes": self.quota(),
             "pools": pools,
         })
