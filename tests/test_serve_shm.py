@@ -307,7 +307,10 @@ def test_regions_per_caller_are_bounded(served: Served) -> None:
         try:
             for i in range(128):
                 http.register_system_shared_memory(f"r{i}", key("many"), 64, headers=hog)
-            refused(lambda: http.register_system_shared_memory("r128", key("many"), 64, headers=hog), "too many")
+            error = refused(
+                lambda: http.register_system_shared_memory("r128", key("many"), 64, headers=hog), "too many"
+            )
+            assert error.status() == "429"
             # Another caller is not locked out.
             http.register_system_shared_memory("mine", key("many"), 64, headers={"opbridge-session": "victim"})
         finally:
@@ -325,6 +328,7 @@ def test_the_session_id_parameter_names_the_regions_owner(served: Served) -> Non
             refused(
                 lambda: http.infer("add", inputs, parameters={"session_id": "dave"}), "unknown shared memory region"
             )
+            refused(lambda: http.infer("add", inputs, parameters={"session_id": 5}), "must be a string")
         finally:
             http.unregister_system_shared_memory(headers={"opbridge-session": "carol"})
 

@@ -86,12 +86,17 @@ impl<T> Taken<'_, T> {
     }
 
     /// Up to `count` queued items, the oldest first, once `count` are queued or `deadline` has
-    /// passed (or the queue is closed or hurried), waiting until then: empty when the deadline
-    /// passed with nothing queued. The rest stay queued (still bounded by the capacity).
+    /// passed (or the queue is closed, hurried or full: nothing more can arrive), waiting until
+    /// then: empty when the deadline passed with nothing queued. The rest stay queued (still
+    /// bounded by the capacity).
     pub fn when(&self, count: usize, deadline: Instant) -> Vec<Queued<T>> {
         let count = count.max(1);
         let mut state = self.jobs.lock();
-        while state.items.len() < count && !state.closed && !state.hurry {
+        while state.items.len() < count
+            && state.items.len() + state.held < state.capacity
+            && !state.closed
+            && !state.hurry
+        {
             let Some(wait) = deadline.checked_duration_since(Instant::now()).filter(|d| !d.is_zero()) else { break };
             state.wake_at = count;
             state = self.jobs.changed.wait_timeout(state, wait).unwrap_or_else(|p| p.into_inner()).0;
@@ -167,7 +172,9 @@ impl<T: Send + 'static> Executor<T> {
             return Err(ServeError::unavailable(format!("{}: exceeds maximum queue size", self.label)));
         }
         state.items.push_back(Queued { item, at: Instant::now() });
-        let wake = state.wake_at != 0 && state.items.len() >= state.wake_at;
+        // Also when the queue is now full: a gathering batch can expect no more.
+        let full = state.items.len() + state.held >= state.capacity;
+        let wake = state.wake_at != 0 && (state.items.len() >= state.wake_at || full);
         drop(state);
         if wake {
             self.jobs.changed.notify_one();

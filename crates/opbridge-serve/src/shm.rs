@@ -122,13 +122,14 @@ fn raise_open_file_limit() {
 /// The owner of the regions an inference request names: its `opbridge-session` header, else
 /// its `session_id` parameter (the two name one session, as for its memory), else nobody.
 /// Register, status and unregister calls carry no parameters: their owner is the header's.
-pub fn owner_of(header: &[u8], params: &[(String, Param)]) -> Vec<u8> {
-    if !header.is_empty() {
-        return header.to_vec();
-    }
-    match params.iter().find(|(k, _)| k == crate::sessions::SESSION_PARAM) {
-        Some((_, Param::Str(id))) => id.as_bytes().to_vec(),
-        _ => Vec::new(),
+pub fn owner_of(header: &[u8], params: &[(String, Param)]) -> Result<Vec<u8>> {
+    let param = params.iter().find(|(k, _)| k == crate::sessions::SESSION_PARAM).map(|(_, v)| v);
+    match (header, param) {
+        (_, Some(other)) if !matches!(other, Param::Str(_)) => {
+            Err(ServeError::invalid(format!("parameter 'session_id' must be a string, got {other}")))
+        }
+        ([], Some(Param::Str(id))) => Ok(id.as_bytes().to_vec()),
+        (header, _) => Ok(header.to_vec()),
     }
 }
 
@@ -187,10 +188,13 @@ impl Regions {
             ));
         }
         if table.keys().filter(|(o, _)| o == owner).count() >= MAX_REGIONS_PER_OWNER {
-            return Err(ServeError::unavailable(format!(
-                "too many shared memory regions registered by this caller (at most {MAX_REGIONS_PER_OWNER}); \
-                 unregister some first"
-            )));
+            return Err(ServeError::new(
+                Code::QuotaExceeded,
+                format!(
+                    "too many shared memory regions registered by this caller (at most {MAX_REGIONS_PER_OWNER}); \
+                     unregister some first"
+                ),
+            ));
         }
         let span = |n: u64| usize::try_from(n).ok();
         let (offset, byte_size) = match (span(offset), span(byte_size)) {
