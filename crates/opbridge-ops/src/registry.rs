@@ -197,10 +197,11 @@ pub type ViewLaneShapeFn = dyn Fn(&[&[usize]]) -> Option<Dims> + Send + Sync;
 pub type ViewLaneKernelFn = dyn Fn(&[TensorView], &TensorView) -> Result<()> + Send + Sync;
 
 /// The fast lane of an operator over strided views (`matmul`, the whole-array reductions): every
-/// input of one dtype the lane accepts, any strides, attributes at their defaults, one output. As with [`Lane`], the caller that has
-/// checked those conditions skips the generic description of the call (input-dtype rule, shape
-/// function memo, output checks): the lane's own shape rule answers, or declines and the
-/// generic path takes the call (errors included). Results must equal the generic path's.
+/// input of one dtype the lane accepts, any strides, attributes at their defaults, one output.
+/// As with [`Lane`], the caller that has checked those conditions skips the generic description
+/// of the call (input-dtype rule, shape function memo, output checks): the lane's own shape rule
+/// answers, or declines and the generic path takes the call (errors included). Results must
+/// equal the generic path's.
 pub struct ViewLane {
     /// dtypes the lane serves (the inputs all of that one dtype).
     pub accepts: fn(DType) -> bool,

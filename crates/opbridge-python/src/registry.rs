@@ -323,7 +323,8 @@ fn try_lane<'py, A: std::ops::Deref<Target = Bound<'py, PyAny>>>(
 
 /// The view fast lane (see `opbridge_ops::registry::ViewLane`): every argument an exact ndarray of one
 /// dtype the lane accepts, aligned, in native byte order, with strides in whole elements (any
-/// layout: transposed views are read in place), no attributes, and `out` (when given) a plain
+/// layout: transposed views are read in place), positional inputs only (attributes at their
+/// defaults), and `out` (when given) a plain
 /// C-contiguous writeable ndarray of the lane's shape and output dtype, disjoint from the inputs.
 /// Returns `None` when the call does not qualify or the lane declines its shapes: the generic
 /// path then handles it, errors, promotion and overlapping outputs included.

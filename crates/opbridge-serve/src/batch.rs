@@ -127,10 +127,8 @@ fn gather_one(
     // Its batch size, where the declaration accepts the call: what it counts for even alone.
     let declared = policy.and_then(|p| p.op.rows_of(&checked.metas(), &checked.attrs));
     // A call in shared memory runs alone, in place: merging would copy it.
-    let rows = policy
-        .filter(|_| checked.shm.is_none())
-        .and(declared)
-        .filter(|&rows| policy.is_some_and(|p| rows <= p.config.max_batch_size));
+    let rows =
+        declared.filter(|&rows| checked.shm.is_none() && policy.is_some_and(|p| rows <= p.config.max_batch_size));
     let (Some(policy), Some(rows)) = (policy, rows) else {
         let rows = declared.unwrap_or(1);
         let member = Member { checked, reply, rows, queued_at: at };

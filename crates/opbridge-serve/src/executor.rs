@@ -3,6 +3,7 @@
 //! the queue on it (one request, or a batch of them); a full queue is refused at once (503 /
 //! UNAVAILABLE), as Triton's `max_queue_size` is.
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -56,7 +57,13 @@ impl<T> Jobs<T> {
     /// Takes the queue: until the guard goes, this worker alone takes from it (a batching
     /// worker gathers a batch while the others run theirs).
     pub fn take(&self) -> Taken<'_, T> {
-        Taken { _gate: self.gate.lock().unwrap_or_else(|p| p.into_inner()), jobs: self }
+        Taken { _gate: self.gate.lock().unwrap_or_else(|p| p.into_inner()), jobs: self, holding: Cell::new(false) }
+    }
+
+    /// The next item for a worker that runs it at once (nothing is held, so the queue's lock
+    /// is taken once per item), waiting for one; `None` once the queue is closed and empty.
+    pub fn next_to_run(&self) -> Option<Queued<T>> {
+        self.take().pop(false)
     }
 }
 
@@ -65,15 +72,25 @@ impl<T> Jobs<T> {
 pub struct Taken<'a, T> {
     _gate: MutexGuard<'a, ()>,
     jobs: &'a Jobs<T>,
+    /// Whether it took items it holds (counted in the queue's `held` until it goes).
+    holding: Cell<bool>,
 }
 
 impl<T> Taken<'_, T> {
-    /// The next item, waiting for one; `None` once the queue is closed and empty.
+    /// The next item, held until this guard goes, waiting for one; `None` once the queue is
+    /// closed and empty.
     pub fn next(&self) -> Option<Queued<T>> {
+        self.pop(true)
+    }
+
+    fn pop(&self, hold: bool) -> Option<Queued<T>> {
         let mut state = self.jobs.lock();
         loop {
             if let Some(queued) = state.items.pop_front() {
-                state.held += 1;
+                if hold {
+                    state.held += 1;
+                    self.holding.set(true);
+                }
                 return Some(queued);
             }
             if state.closed {
@@ -104,6 +121,7 @@ impl<T> Taken<'_, T> {
         }
         let taken = count.min(state.items.len());
         state.held += taken;
+        self.holding.set(self.holding.get() || taken > 0);
         state.items.drain(..taken).collect()
     }
 }
@@ -111,7 +129,9 @@ impl<T> Taken<'_, T> {
 impl<T> Drop for Taken<'_, T> {
     /// The held items are about to run (or were answered): no longer pending.
     fn drop(&mut self) {
-        self.jobs.lock().held = 0;
+        if self.holding.get() {
+            self.jobs.lock().held = 0;
+        }
     }
 }
 

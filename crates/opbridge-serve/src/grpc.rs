@@ -176,7 +176,7 @@ fn to_request(message: ModelInferRequest, regions: &Regions, owner: &[u8]) -> Re
         request.params.push((key.clone(), value));
     }
     request.params.sort_by(|a, b| a.0.cmp(&b.0));
-    let owner = &crate::shm::owner_of(owner, &request.params)?[..];
+    let owner = crate::shm::owner_of(owner, &request.params)?;
     // Raw contents belong, in order, to the inputs not in shared memory (tritonclient sends none
     // for the others).
     let in_shm = |input: &model_infer_request::InferInputTensor| input.parameters.contains_key(TENSOR_PARAMS[0]);

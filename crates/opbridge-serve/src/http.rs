@@ -613,7 +613,7 @@ fn convert_request(
         }
         request.params.push((key.clone(), param(key, value)?));
     }
-    let owner = &shm::owner_of(owner, &request.params)?[..];
+    let owner = shm::owner_of(owner, &request.params)?;
     let limit = s.limits.http_max_input_size;
     for input in parsed.inputs {
         let keys = input.parameters.iter().flat_map(|p| p.keys().map(String::as_str));

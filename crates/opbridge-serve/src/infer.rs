@@ -772,7 +772,7 @@ impl Reply {
 
 /// A compute worker of a model without batching: one request at a time.
 pub fn work(stream: &opbridge_runtime::Stream, jobs: &Jobs<Call>) -> bool {
-    let Some(Queued { item: call, at }) = jobs.take().next() else { return false };
+    let Some(Queued { item: call, at }) = jobs.next_to_run() else { return false };
     let queue_ns = at.elapsed().as_nanos() as u64;
     let Call { model, request, max_input_bytes, reply } = call;
     let session = reply.session.as_ref();

@@ -122,14 +122,14 @@ fn raise_open_file_limit() {
 /// The owner of the regions an inference request names: its `opbridge-session` header, else
 /// its `session_id` parameter (the two name one session, as for its memory), else nobody.
 /// Register, status and unregister calls carry no parameters: their owner is the header's.
-pub fn owner_of(header: &[u8], params: &[(String, Param)]) -> Result<Vec<u8>> {
+pub fn owner_of<'a>(header: &'a [u8], params: &'a [(String, Param)]) -> Result<&'a [u8]> {
     let param = params.iter().find(|(k, _)| k == crate::sessions::SESSION_PARAM).map(|(_, v)| v);
     match (header, param) {
         (_, Some(other)) if !matches!(other, Param::Str(_)) => {
             Err(ServeError::invalid(format!("parameter 'session_id' must be a string, got {other}")))
         }
-        ([], Some(Param::Str(id))) => Ok(id.as_bytes().to_vec()),
-        (header, _) => Ok(header.to_vec()),
+        ([], Some(Param::Str(id))) => Ok(id.as_bytes()),
+        (header, _) => Ok(header),
     }
 }
 
