@@ -1,6 +1,9 @@
 """The operator registry from Python: ob.ops, ob.ops.get, ob.list_ops, docs and errors."""
 
+import functools
+import gc
 import inspect
+import sys
 
 import numpy as np
 import pytest
@@ -88,3 +91,85 @@ def test_attribute_values_of_every_python_and_numpy_kind():
     np.testing.assert_array_equal(ob.ops.transpose(x, axes=(1, 0)), x.T)
     with pytest.raises(ob.ArgumentError, match="expected axis to be an int"):
         ob.ops.sum(x, axis=1.5)
+
+
+# --- Calls through vectorcall (ffi/vectorcall.rs) -------------------------------------------------
+
+
+@pytest.mark.skipif(hasattr(sys, "gettotalrefcount"), reason="a debug build of Python keeps tp_call")
+def test_op_objects_are_called_through_vectorcall():
+    # Py_TPFLAGS_HAVE_VECTORCALL: CPython passes the argument array, no tuple per call.
+    assert type(ob.ops.add).__flags__ & (1 << 11)
+
+
+def test_every_way_of_calling_an_op_gives_the_same_result_and_errors():
+    rng = np.random.default_rng(1)
+    a, b = rng.random(1000).astype(np.float32), rng.random(1000).astype(np.float32)
+    add = ob.ops.add
+    expected = a + b
+    out = np.empty_like(a)
+    # Fast lanes (positional arrays, out=) and the declined calls handed to tp_call.
+    np.testing.assert_array_equal(add(a, b), expected)
+    np.testing.assert_array_equal(add(a, b, out=None), expected)
+    assert add(a, b, out=out) is out
+    np.testing.assert_array_equal(out, expected)
+    np.testing.assert_array_equal(add(a=a, b=b), expected)
+    np.testing.assert_array_equal(add(a, b=b), expected)
+    np.testing.assert_array_equal(add(*(a, b), **{"out": None}), expected)
+    np.testing.assert_array_equal(functools.partial(add, a)(b), expected)
+    np.testing.assert_array_equal(type(add).__call__(add, a, b), expected)
+    np.testing.assert_array_equal(add(a, b, device="cpu"), expected)
+    np.testing.assert_array_equal(add(a[::2], b[::2]), expected[::2])  # declined: strided
+    np.testing.assert_array_equal(add([1.0, 2.0], b[:2].astype(np.float64)), [1.0, 2.0] + b[:2].astype(np.float64))
+    x = rng.random((4, 8)).astype(np.float32)
+    np.testing.assert_allclose(ob.ops.softmax(x, axis=0), ob.ops.softmax(x, **{"axis": 0}))
+    assert ob.ops.sum(x) == ob.ops.sum(x, out=None)
+    # Errors: the same type and message through vectorcall as through tp_call (the slot
+    # wrapper `type(op).__call__` calls tp_call itself).
+    tp_call = type(add).__call__
+    bad_calls = [
+        ((), {}),
+        ((a,), {}),
+        ((a, b, a), {}),
+        ((a, b), {"bogus": 1}),
+        ((a, b), {"out": out, "bogus": 1}),
+        ((a, b[:10]), {}),
+        ((a, b), {"out": out[:10]}),
+        ((a, b), {"out": "not an array"}),
+        ((a, b), {"out": out, "a": a}),
+        ((a.astype(np.complex64), b), {}),
+        (("text", b), {}),
+    ]
+    for args, kwargs in bad_calls:
+        with pytest.raises(Exception) as through_vectorcall:
+            add(*args, **kwargs)
+        with pytest.raises(Exception) as through_tp_call:
+            tp_call(add, *args, **kwargs)
+        assert type(through_vectorcall.value) is type(through_tp_call.value), (args, kwargs)
+        assert str(through_vectorcall.value) == str(through_tp_call.value)
+    with pytest.raises(ob.ShapeError):
+        add(a, b[:10])
+
+
+def test_vectorcall_keeps_reference_counts():
+    a, b = np.ones(64, np.float32), np.ones(64, np.float32)
+    out = np.empty_like(a)
+    add = ob.ops.add
+
+    def calls():
+        add(a, b, out=out)
+        add(a=a, b=b)
+        try:
+            add(a, b[:3])
+        except ob.ShapeError:
+            pass
+        return add(a, b)
+
+    calls()
+    gc.collect()
+    before = [sys.getrefcount(o) for o in (a, b, out, add)]
+    for _ in range(1000):
+        r = calls()
+    gc.collect()
+    assert sys.getrefcount(r) == 2  # the name and the call's argument: no extra reference
+    assert [sys.getrefcount(o) for o in (a, b, out, add)] == before

@@ -5,7 +5,7 @@
 //! same path the server takes. numpy arrays run synchronously on their buffers, `Tensor`s are
 //! enqueued on the current stream.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Once, OnceLock};
 
 use numpy::{PyUntypedArray, PyUntypedArrayMethods};
 use opbridge_ops::dispatch::{self, HostOutputs};
@@ -23,6 +23,7 @@ use smallvec::SmallVec;
 
 use crate::errors::{argument_error, to_pyerr};
 use crate::ffi::numpy as np_ffi;
+use crate::ffi::vectorcall;
 use crate::host::{self, check_out, new_output, HostArray};
 use crate::tensor::{as_out_tensor, input_tensor, PyTensor};
 
@@ -31,6 +32,45 @@ use crate::tensor::{as_out_tensor, input_tensor, PyTensor};
 #[derive(Debug)]
 pub struct PyOp {
     entry: Arc<Entry>,
+    /// The function CPython calls this object through (vectorcall, `ffi::vectorcall`); read
+    /// by CPython at the offset `get_op` gives the type, never by us.
+    vectorcall: vectorcall::VectorcallFn,
+}
+
+impl PyOp {
+    /// The `Op` object for `entry`. The first one gives the class vectorcall, now that the
+    /// offset of an instance's `vectorcall` field can be measured.
+    fn new_bound<'py>(py: Python<'py>, entry: Arc<Entry>) -> PyResult<Bound<'py, PyOp>> {
+        static VECTORCALL: Once = Once::new();
+        let op = Bound::new(py, PyOp { entry, vectorcall: vectorcall::function::<PyOp>() })?;
+        VECTORCALL.call_once(|| {
+            let offset = std::ptr::from_ref(&op.get().vectorcall) as usize - op.as_ptr() as usize;
+            vectorcall::enable(&op.get_type(), offset);
+        });
+        Ok(op)
+    }
+}
+
+/// Calls with positional arrays and at most `out=`: the fast lanes straight from CPython's
+/// argument array (`__call__` takes them after CPython packed a tuple and PyO3 unpacked it).
+impl vectorcall::FastCall for PyOp {
+    fn fast_call<'py>(
+        callable: &Bound<'py, PyAny>,
+        args: &[Bound<'py, PyAny>],
+        out: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let entry = &callable.cast::<PyOp>()?.get().entry;
+        let py = callable.py();
+        if let Some(lane) = entry.op.lane() {
+            if let Some(result) = try_lane(py, entry, lane, args.iter(), out)? {
+                return Ok(Some(result));
+            }
+        }
+        match entry.op.view_lane() {
+            Some(lane) => try_view_lane(py, entry, lane, args.iter(), out),
+            None => Ok(None),
+        }
+    }
 }
 
 /// The process-wide default registry (built-ins and loaded libraries).
@@ -1161,12 +1201,12 @@ impl PyOp {
 /// ``OpBridgeError`` listing what exists.
 #[pyfunction]
 #[pyo3(signature = (name, version=None))]
-pub fn get_op(name: &str, version: Option<&Bound<'_, PyAny>>) -> PyResult<PyOp> {
+pub fn get_op<'py>(py: Python<'py>, name: &str, version: Option<&Bound<'_, PyAny>>) -> PyResult<Bound<'py, PyOp>> {
     let version = match version {
         None => None,
         Some(v) => Some(crate::convert::int_arg("version", v, 0, u32::MAX.into())? as u32),
     };
-    Ok(PyOp { entry: registry().get(name, version).map_err(to_pyerr)? })
+    PyOp::new_bound(py, registry().get(name, version).map_err(to_pyerr)?)
 }
 
 /// A counter that changes whenever an operator is registered or unregistered (lets the Python

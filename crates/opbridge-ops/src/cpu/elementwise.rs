@@ -24,27 +24,12 @@ pub enum Alias {
     OutIsBoth,
 }
 
-/// Defines `$name` over an `#[inline(always)]` loop body compiled twice, for the x86_64
-/// baseline (SSE2) and for AVX2, and picks one at run time: wide vectors without building for
-/// `-C target-cpu=native`.
+/// Defines `$name` over an `#[inline(always)]` loop body compiled for AVX-512, AVX2 and the
+/// x86_64 baseline (SSE2), picked at run time: wide vectors without building for
+/// `-C target-cpu=native` (AVX-512 halves the instructions of a cache-resident 1K add).
 macro_rules! multiversion {
     (fn $name:ident<T>($($arg:ident: $ty:ty),*) $body:block) => {
-        fn $name<T: Element>($($arg: $ty),*) {
-            #[inline(always)]
-            fn body<T: Element>($($arg: $ty),*) $body
-            #[cfg(target_arch = "x86_64")]
-            {
-                #[target_feature(enable = "avx2")]
-                fn avx2<T: Element>($($arg: $ty),*) {
-                    body($($arg),*)
-                }
-                if std::arch::is_x86_feature_detected!("avx2") {
-                    // SAFETY: the CPU supports AVX2 (checked just above).
-                    return unsafe { avx2($($arg),*) };
-                }
-            }
-            body($($arg),*)
-        }
+        super::reduce::avx2_multiversion!(fn $name<T: Element>($($arg: $ty),*) $body);
     };
 }
 
