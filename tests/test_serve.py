@@ -252,6 +252,38 @@ def test_optional_inputs_and_broadcasting(http: th.InferenceServerClient) -> Non
     np.testing.assert_array_equal(r.as_numpy("out"), ob.ops.add(x, row))
 
 
+def queue_ns(http: th.InferenceServerClient, model: str) -> int:
+    return int(http.get_inference_statistics(model)["model_stats"][0]["inference_stats"]["queue"]["ns"])
+
+
+def test_small_calls_run_on_the_connection_thread_larger_ones_on_the_workers(
+    http: th.InferenceServerClient, grpc: tg.InferenceServerClient
+) -> None:
+    # A small call of a built-in runs where it arrived (no queue: its queue time is 0); one whose
+    # output proves larger than 64 KiB after the checks, or whose inputs need converting, goes
+    # to the compute workers already checked. Every answer equals ob.ops bit for bit.
+    before = queue_ns(http, "sub")
+    small_a, small_b = RNG.random((4, 16), dtype=np.float32), RNG.random((4, 16), dtype=np.float32)
+    for _ in range(20):
+        r = grpc.infer("sub", grpc_inputs({"a": small_a, "b": small_b}))
+        np.testing.assert_array_equal(r.as_numpy("out"), ob.ops.sub(small_a, small_b))
+        r = http.infer("sub", http_inputs({"a": small_a, "b": small_b}))
+        np.testing.assert_array_equal(r.as_numpy("out"), ob.ops.sub(small_a, small_b))
+    assert queue_ns(http, "sub") == before
+    column, row = RNG.random((512, 1), dtype=np.float32), RNG.random((1, 512), dtype=np.float32)
+    r = grpc.infer("sub", grpc_inputs({"a": column, "b": row}))  # 1 MiB out of 4 KiB in
+    np.testing.assert_array_equal(r.as_numpy("out"), ob.ops.sub(column, row))
+    after_large = queue_ns(http, "sub")
+    assert after_large > before
+    wide = RNG.random((4, 16)).astype(np.float64)  # float32 - float64: converted first
+    r = grpc.infer("sub", grpc_inputs({"a": small_a, "b": wide}))
+    np.testing.assert_array_equal(r.as_numpy("out"), ob.ops.sub(small_a, wide))
+    assert queue_ns(http, "sub") > after_large
+    # Refusals from the checks are the same on either path.
+    with pytest.raises(InferenceServerException, match="shape"):
+        grpc.infer("sub", grpc_inputs({"a": small_a, "b": RNG.random((3, 5), dtype=np.float32)}))
+
+
 def test_request_id_is_echoed(http: th.InferenceServerClient, grpc: tg.InferenceServerClient) -> None:
     assert http.infer("neg", http_inputs({"x": A}), request_id="abc-1").get_response()["id"] == "abc-1"
     assert grpc.infer("neg", grpc_inputs({"x": A}), request_id="abc-2").get_response().id == "abc-2"

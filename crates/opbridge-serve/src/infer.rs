@@ -746,9 +746,33 @@ fn run_staged(model: &ModelVersion, checked: &Checked, device: DeviceId, alloc: 
 #[derive(Debug)]
 pub struct Call {
     pub model: Arc<ModelVersion>,
-    pub request: InferRequest,
+    pub request: Job,
     pub max_input_bytes: usize,
     pub reply: Reply,
+}
+
+/// What a queued call carries: the request as it arrived, for the worker to check, or one the
+/// front end checked already (a small call it meant to run itself, see [`infer`], that proved
+/// larger than it looked).
+#[derive(Debug)]
+pub enum Job {
+    Arrived(InferRequest),
+    Checked(Box<Checked>),
+}
+
+impl Job {
+    /// The checked call: [`check`]ed now, or as it was checked before.
+    pub(crate) fn check(
+        self,
+        model: &ModelVersion,
+        max_input_bytes: usize,
+        session: Option<&Lease>,
+    ) -> Result<Checked> {
+        match self {
+            Job::Arrived(request) => check(model, request, max_input_bytes, session),
+            Job::Checked(checked) => Ok(*checked),
+        }
+    }
 }
 
 /// Where a request's answer goes, with the session it runs in.
@@ -761,12 +785,18 @@ pub struct Reply {
 impl Reply {
     /// Answers the request (a session's quota refusal explained with its numbers).
     pub fn answer(self, outcome: Result<Vec<Output>>) {
-        let outcome = match (outcome, &self.session) {
-            (Err(error), Some(lease)) => Err(lease.explain(error)),
-            (outcome, _) => outcome,
-        };
+        let outcome = explained(outcome, self.session.as_ref());
         // The client may have gone: nobody to tell.
         let _ = self.sender.send(outcome);
+    }
+}
+
+/// A request's outcome as its client gets it: a session's quota refusal explained with its
+/// numbers.
+fn explained(outcome: Result<Vec<Output>>, session: Option<&Lease>) -> Result<Vec<Output>> {
+    match (outcome, session) {
+        (Err(error), Some(lease)) => Err(lease.explain(error)),
+        (outcome, _) => outcome,
     }
 }
 
@@ -776,7 +806,8 @@ pub fn work(stream: &opbridge_runtime::Stream, jobs: &Jobs<Call>) -> bool {
     let queue_ns = at.elapsed().as_nanos() as u64;
     let Call { model, request, max_input_bytes, reply } = call;
     let session = reply.session.as_ref();
-    let outcome = check(&model, request, max_input_bytes, session)
+    let outcome = request
+        .check(&model, max_input_bytes, session)
         .and_then(|checked| run_alone(&model, checked, stream, session, queue_ns, 1));
     reply.answer(outcome);
     true
@@ -876,20 +907,94 @@ fn run_inline(
     Ok(outputs)
 }
 
-/// Queues `request` for `model`'s compute workers (which check it, load its inputs into pooled
-/// memory and run it: no kernel-sized work on the async runtime's threads); the awaitable
-/// result. With a `session`, every tensor of the call comes from the session's pool, within
-/// its quota.
+/// Runs `request` on `model`; the awaitable result. With a `session`, every tensor of the call
+/// comes from the session's pool, within its quota.
+///
+/// A call is queued for the model's compute workers (which check it, load its inputs into
+/// pooled memory and run it: no kernel-sized work on the async runtime's threads), except a
+/// small one that `may_run_here` with nobody queued ahead: that one runs right here, on the
+/// connection's thread, as a worker would run it (the same checks, kernel, memory and
+/// statistics). Handing a call of a few microseconds to a worker and its answer back costs
+/// more than the call: two thread wake-ups, the most of a small request's server time.
 pub async fn infer(
     model: Arc<ModelVersion>,
     request: InferRequest,
     max_input_bytes: usize,
     session: Option<Lease>,
 ) -> Result<Vec<Output>> {
+    let request = if may_run_here(&model, &request) {
+        match run_here(&model, request, max_input_bytes, session.as_ref()) {
+            Ok(outcome) => return explained(outcome, session.as_ref()),
+            Err(checked) => Job::Checked(checked),
+        }
+    } else {
+        Job::Arrived(request)
+    };
     let (sender, result) = tokio::sync::oneshot::channel();
     let call = Call { model: Arc::clone(&model), request, max_input_bytes, reply: Reply { session, sender } };
     model.executor.submit(call)?;
     result.await.map_err(|_| ServeError::internal("the compute worker stopped before answering"))?
+}
+
+/// The most bytes a call that runs on a connection's thread reads (inputs as they arrived) and
+/// writes (outputs): a few microseconds of kernel at most, never a stall of the connections
+/// that share the thread.
+const HERE_MAX_BYTES: usize = 64 << 10;
+
+/// Whether `request` may run on the calling (connection) thread: a small call of a built-in
+/// operator (its code is the process's and takes any thread) on a CPU model without batching,
+/// nothing in shared memory, and nobody queued for the model (who would be overtaken).
+fn may_run_here(model: &ModelVersion, request: &InferRequest) -> bool {
+    let input_bytes = request.inputs.iter().try_fold(0usize, |sum, input| match &input.data {
+        InputData::Raw(bytes) => Some(sum + bytes.len()),
+        InputData::Numbers(numbers) => Some(sum + numbers.len() * 8),
+        InputData::Shm(_) => None,
+    });
+    input_bytes.is_some_and(|bytes| bytes <= HERE_MAX_BYTES)
+        && model.runs_on_worker
+        && !model.auto
+        && model.batching.is_none()
+        && model.entry.source == opbridge_ops::registry::Source::Builtin
+        && request.outputs.as_ref().is_none_or(|outputs| outputs.iter().all(|o| o.shm.is_none()))
+        && model.executor.pending() == 0
+}
+
+/// Checks and runs a call that [`may_run_here`] on this thread; its outcome, or the checked call
+/// back when it needs more than this thread should give it (outputs over [`HERE_MAX_BYTES`],
+/// or inputs to convert, which the kernel's stream does): the workers run it then.
+fn run_here(
+    model: &ModelVersion,
+    request: InferRequest,
+    max_input_bytes: usize,
+    session: Option<&Lease>,
+) -> std::result::Result<Result<Vec<Output>>, Box<Checked>> {
+    let checked = match check(model, request, max_input_bytes, session) {
+        Ok(checked) => checked,
+        Err(error) => return Ok(Err(error)),
+    };
+    let output_bytes = checked.plan.outputs.iter().try_fold(0usize, |sum, meta| {
+        meta.shape.iter().try_fold(meta.dtype.size(), |n, &d| n.checked_mul(d)).and_then(|n| sum.checked_add(n))
+    });
+    let unconverted = checked
+        .inputs
+        .iter()
+        .zip(&checked.plan.inputs)
+        .all(|(input, planned)| input.as_ref().map(|i| i.dtype) == *planned);
+    if !(unconverted && output_bytes.is_some_and(|bytes| bytes <= HERE_MAX_BYTES)) {
+        return Err(Box::new(checked));
+    }
+    // Host memory, inputs of the kernel's dtypes, a CPU kernel: `run_alone` loads, computes and
+    // answers in place (`runs_inline`), so this thread's stream only settles a failed call.
+    Ok(HERE.with(|stream| match stream {
+        Ok(stream) => run_alone(model, checked, stream, session, 0, 1),
+        Err(error) => Err(ServeError::internal(format!("no CPU stream on this thread: {error}"))),
+    }))
+}
+
+thread_local! {
+    /// The stream of calls run on this (connection) thread: the CPU device's.
+    static HERE: std::result::Result<opbridge_runtime::Stream, String> =
+        DeviceContext::get(DeviceId::CPU).and_then(|ctx| opbridge_runtime::Stream::new(ctx)).map_err(|e| e.to_string());
 }
 
 #[cfg(test)]
