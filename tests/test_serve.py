@@ -895,3 +895,51 @@ def test_json_logs_carry_the_request_id(tmp_path) -> None:  # type: ignore[no-un
     assert refused["fields"]["message"] == "inference refused" and refused["fields"]["code"] == "400"
     assert "colour" in refused["fields"]["error"]
     assert by_id["grpc-9"]["fields"]["protocol"] == "grpc"
+
+
+def test_a_small_call_never_overtakes_a_full_queue() -> None:
+    # A small call runs on its connection's thread only with nobody queued for the model: with
+    # one large matmul running (4096², a few tenths of a second) and one queued behind it
+    # (max_queue_size 1), a small one is refused at once (503, as the full queue refuses
+    # anything), and once the queue is empty it runs again.
+    served = start_server("--workers-per-model", "1", "--max-queue-size", "1", "--http-max-input-size", str(300 << 20))
+    opened: list[socket.socket] = []
+    host, port = served.http.rsplit(":", 1)
+
+    def send_matmul(n: int) -> None:
+        big = np.ones((n, n), np.float32)
+        inputs = [
+            {"name": name, "shape": [n, n], "datatype": "FP32", "parameters": {"binary_data_size": big.nbytes}}
+            for name in ("a", "b")
+        ]
+        header = json.dumps({"inputs": inputs}).encode()
+        body = header + big.tobytes() * 2
+        head = (
+            "POST /v2/models/matmul/infer HTTP/1.1\r\nHost: x\r\n"
+            f"Inference-Header-Content-Length: {len(header)}\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        s = socket.create_connection((host, int(port)), timeout=60)
+        opened.append(s)
+        s.sendall(head + body)
+
+    try:
+        send_matmul(4096)
+        send_matmul(1024)
+        assert wait_for(lambda: pending_requests(served, "matmul") == 1)
+        client = tg.InferenceServerClient(served.grpc)
+        try:
+            small = {"a": np.ones((4, 4), np.float32), "b": np.ones((4, 4), np.float32)}
+            with pytest.raises(InferenceServerException) as refused:
+                client.infer("matmul", grpc_inputs(small))
+            assert refused.value.status() == "StatusCode.UNAVAILABLE", refused.value
+            for s in opened:
+                assert s.recv(64).startswith(b"HTTP/1.1 200")
+            assert wait_for(lambda: pending_requests(served, "matmul") == 0)
+            r = client.infer("matmul", grpc_inputs(small))
+            np.testing.assert_array_equal(r.as_numpy("out"), ob.ops.matmul(small["a"], small["b"]))
+        finally:
+            client.close()
+    finally:
+        for s in opened:
+            s.close()
+        assert stop_server(served) == 0

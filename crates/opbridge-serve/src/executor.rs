@@ -1,5 +1,6 @@
-//! Each model version's bounded queue and its compute workers: kernels never run on the async
-//! runtime's threads. A worker owns a stream on the model's device and runs what it takes from
+//! Each model version's bounded queue and its compute workers: no kernel-sized work runs on the
+//! async runtime's threads (a call small enough to cost less than handing it over, with nobody
+//! queued, runs where it arrived: `infer::infer`). A worker owns a stream on the model's device and runs what it takes from
 //! the queue on it (one request, or a batch of them); a full queue is refused at once (503 /
 //! UNAVAILABLE), as Triton's `max_queue_size` is.
 

@@ -1,8 +1,9 @@
 //! `opbridge serve`: opbridge operators served over the KServe V2 / Triton protocol.
 //!
 //! - [`models`]: every registered operator is a model; its versions are the op's versions.
-//! - [`executor`]: each loaded version's bounded queue and compute workers (kernels never run
-//!   on the async runtime's threads).
+//! - [`executor`]: each loaded version's bounded queue and compute workers (no kernel-sized
+//!   work on the async runtime's threads: only calls of at most 64 KiB in and out, see
+//!   [`infer::infer`]).
 //! - [`infer`]: one inference, protocol-neutral: validate, decode into pooled memory, run.
 //! - [`http`] and [`grpc`]: the two front ends; [`metrics`]: Prometheus text with Triton's names.
 
