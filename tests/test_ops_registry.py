@@ -99,7 +99,12 @@ def test_attribute_values_of_every_python_and_numpy_kind():
 @pytest.mark.skipif(hasattr(sys, "gettotalrefcount"), reason="a debug build of Python keeps tp_call")
 def test_op_objects_are_called_through_vectorcall():
     # Py_TPFLAGS_HAVE_VECTORCALL: CPython passes the argument array, no tuple per call.
-    assert type(ob.ops.add).__flags__ & (1 << 11)
+    assert ob.ops.Op.__flags__ & (1 << 11)  # from the import on, before any Op is made
+    # And the type is immutable: before Python 3.12 a reassigned `Op.__call__` would miss
+    # every call that vectorcall serves, so the assignment is refused instead.
+    with pytest.raises(TypeError, match="immutable"):
+        ob.ops.Op.__call__ = lambda self, *args: None  # type: ignore[method-assign]
+    np.testing.assert_array_equal(ob.ops.add(np.ones(3), np.ones(3)), np.full(3, 2.0))
 
 
 def test_every_way_of_calling_an_op_gives_the_same_result_and_errors():

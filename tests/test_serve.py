@@ -253,7 +253,9 @@ def test_optional_inputs_and_broadcasting(http: th.InferenceServerClient) -> Non
 
 
 def queue_ns(http: th.InferenceServerClient, model: str) -> int:
-    return int(http.get_inference_statistics(model)["model_stats"][0]["inference_stats"]["queue"]["ns"])
+    """Queue time of every version of `model`."""
+    stats = http.get_inference_statistics(model)["model_stats"]
+    return sum(int(version["inference_stats"]["queue"]["ns"]) for version in stats)
 
 
 def test_small_calls_run_on_the_connection_thread_larger_ones_on_the_workers(
@@ -279,6 +281,12 @@ def test_small_calls_run_on_the_connection_thread_larger_ones_on_the_workers(
     r = grpc.infer("sub", grpc_inputs({"a": small_a, "b": wide}))
     np.testing.assert_array_equal(r.as_numpy("out"), ob.ops.sub(small_a, wide))
     assert queue_ns(http, "sub") > after_large
+    # Operators whose work a few bytes do not bound (matmul) always go to the workers.
+    before_matmul = queue_ns(http, "matmul")
+    square = RNG.random((4, 4), dtype=np.float32)
+    r = grpc.infer("matmul", grpc_inputs({"a": square, "b": square}))
+    np.testing.assert_array_equal(r.as_numpy("out"), ob.ops.matmul(square, square))
+    assert queue_ns(http, "matmul") > before_matmul
     # Refusals from the checks are the same on either path.
     with pytest.raises(InferenceServerException, match="shape"):
         grpc.infer("sub", grpc_inputs({"a": small_a, "b": RNG.random((3, 5), dtype=np.float32)}))
@@ -801,6 +809,21 @@ def wait_for(condition, timeout: float = 10.0) -> bool:  # type: ignore[no-untyp
     return True
 
 
+def binary_request(model: str, array: np.ndarray) -> tuple[bytes, bytes]:
+    """An HTTP request (head, body) of `model` with inputs `a` and `b` both `array` (FP32, binary)."""
+    inputs = [
+        {"name": name, "shape": list(array.shape), "datatype": "FP32", "parameters": {"binary_data_size": array.nbytes}}
+        for name in ("a", "b")
+    ]
+    header = json.dumps({"inputs": inputs}).encode()
+    body = header + array.tobytes() * 2
+    head = (
+        f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: x\r\n"
+        f"Inference-Header-Content-Length: {len(header)}\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    return head, body
+
+
 def test_client_gone_mid_request_counts_as_canceled() -> None:
     # One worker and large matmuls (a few tenths of a second each): requests wait in the queue,
     # where their clients leave them. The pending gauge counts queued requests only, so with
@@ -808,18 +831,7 @@ def test_client_gone_mid_request_counts_as_canceled() -> None:
     served = start_server("--workers-per-model", "1")
     opened: list[socket.socket] = []
     try:
-        n = 2048
-        big = np.ones((n, n), np.float32)
-        inputs = [
-            {"name": name, "shape": [n, n], "datatype": "FP32", "parameters": {"binary_data_size": big.nbytes}}
-            for name in ("a", "b")
-        ]
-        header = json.dumps({"inputs": inputs}).encode()
-        body = header + big.tobytes() * 2
-        head = (
-            "POST /v2/models/matmul/infer HTTP/1.1\r\nHost: x\r\n"
-            f"Inference-Header-Content-Length: {len(header)}\r\nContent-Length: {len(body)}\r\n\r\n"
-        ).encode()
+        head, body = binary_request("matmul", np.ones((2048, 2048), np.float32))
         host, port = served.http.rsplit(":", 1)
 
         def send_large(count: int) -> list[socket.socket]:
@@ -897,49 +909,43 @@ def test_json_logs_carry_the_request_id(tmp_path) -> None:  # type: ignore[no-un
     assert by_id["grpc-9"]["fields"]["protocol"] == "grpc"
 
 
-def test_a_small_call_never_overtakes_a_full_queue() -> None:
-    # A small call runs on its connection's thread only with nobody queued for the model: with
-    # one large matmul running (4096², a few tenths of a second) and one queued behind it
-    # (max_queue_size 1), a small one is refused at once (503, as the full queue refuses
-    # anything), and once the queue is empty it runs again.
+def test_a_small_call_never_overtakes_the_workers() -> None:
+    # A small call runs on its connection's thread only while the model has nothing queued and
+    # a worker to spare (--workers-per-model bounds its calls at once). With its one worker busy
+    # on a large `pow` (16M elements: a tenth of a second and more), a small `pow` waits in the
+    # queue; with that one queued (max_queue_size 1), the next is refused at once (503).
     served = start_server("--workers-per-model", "1", "--max-queue-size", "1", "--http-max-input-size", str(300 << 20))
     opened: list[socket.socket] = []
     host, port = served.http.rsplit(":", 1)
-
-    def send_matmul(n: int) -> None:
-        big = np.ones((n, n), np.float32)
-        inputs = [
-            {"name": name, "shape": [n, n], "datatype": "FP32", "parameters": {"binary_data_size": big.nbytes}}
-            for name in ("a", "b")
-        ]
-        header = json.dumps({"inputs": inputs}).encode()
-        body = header + big.tobytes() * 2
-        head = (
-            "POST /v2/models/matmul/infer HTTP/1.1\r\nHost: x\r\n"
-            f"Inference-Header-Content-Length: {len(header)}\r\nContent-Length: {len(body)}\r\n\r\n"
-        ).encode()
+    head, body = binary_request("pow", np.full(1 << 24, 1.0001, np.float32))
+    client = tg.InferenceServerClient(served.grpc)
+    try:
+        before = http_queue_ns(served, "pow")
         s = socket.create_connection((host, int(port)), timeout=60)
         opened.append(s)
         s.sendall(head + body)
-
-    try:
-        send_matmul(4096)
-        send_matmul(1024)
-        assert wait_for(lambda: pending_requests(served, "matmul") == 1)
-        client = tg.InferenceServerClient(served.grpc)
-        try:
-            small = {"a": np.ones((4, 4), np.float32), "b": np.ones((4, 4), np.float32)}
-            with pytest.raises(InferenceServerException) as refused:
-                client.infer("matmul", grpc_inputs(small))
-            assert refused.value.status() == "StatusCode.UNAVAILABLE", refused.value
-            for s in opened:
-                assert s.recv(64).startswith(b"HTTP/1.1 200")
-            assert wait_for(lambda: pending_requests(served, "matmul") == 0)
-            r = client.infer("matmul", grpc_inputs(small))
-            np.testing.assert_array_equal(r.as_numpy("out"), ob.ops.matmul(small["a"], small["b"]))
-        finally:
-            client.close()
+        small = {"a": np.full((4, 4), 1.5, np.float32), "b": np.full((4, 4), 2.0, np.float32)}
+        answers: list[Any] = []
+        client.async_infer("pow", grpc_inputs(small), callback=lambda result, error: answers.append((result, error)))
+        assert wait_for(lambda: pending_requests(served, "pow") == 1)
+        with pytest.raises(InferenceServerException) as refused:
+            client.infer("pow", grpc_inputs(small))
+        assert refused.value.status() == "StatusCode.UNAVAILABLE", refused.value
+        assert s.recv(64).startswith(b"HTTP/1.1 200")
+        assert wait_for(lambda: len(answers) == 1)
+        result, error = answers[0]
+        assert error is None, error
+        np.testing.assert_array_equal(result.as_numpy("out"), ob.ops.pow(small["a"], small["b"]))
+        assert http_queue_ns(served, "pow") > before  # the small call waited in the queue
+        r = client.infer("pow", grpc_inputs(small))  # the worker idle again: it runs where it arrived
+        np.testing.assert_array_equal(r.as_numpy("out"), ob.ops.pow(small["a"], small["b"]))
     finally:
+        client.close()
         for s in opened:
             s.close()
         assert stop_server(served) == 0
+
+
+def http_queue_ns(served: Served, model: str) -> int:
+    _, body = get(served.url(f"/v2/models/{model}/stats"))
+    return sum(int(version["inference_stats"]["queue"]["ns"]) for version in json.loads(body)["model_stats"])

@@ -34,6 +34,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ascend::ascend_rtc_library, m)?)?;
     m.add_class::<memory::PooledMemory>()?;
     m.add_class::<registry::PyOp>()?;
+    registry::enable_vectorcall(m.py())?;
     m.add_function(wrap_pyfunction!(registry::get_op, m)?)?;
     m.add_function(wrap_pyfunction!(registry::list_ops, m)?)?;
     m.add_function(wrap_pyfunction!(registry::registry_generation, m)?)?;

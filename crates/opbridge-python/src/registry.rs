@@ -38,8 +38,10 @@ pub struct PyOp {
 }
 
 impl PyOp {
-    /// The `Op` object for `entry`. The first one gives the class vectorcall, now that the
-    /// offset of an instance's `vectorcall` field can be measured.
+    /// The `Op` object for `entry`. The first one gives the class vectorcall (and makes it
+    /// immutable), now that the offset of an instance's `vectorcall` field can be measured:
+    /// the module's init makes one ([`enable_vectorcall`]), before Python code can touch the
+    /// class.
     fn new_bound<'py>(py: Python<'py>, entry: Arc<Entry>) -> PyResult<Bound<'py, PyOp>> {
         static VECTORCALL: Once = Once::new();
         let op = Bound::new(py, PyOp { entry, vectorcall: vectorcall::function::<PyOp>() })?;
@@ -49,6 +51,11 @@ impl PyOp {
         });
         Ok(op)
     }
+}
+
+/// Gives the `Op` class vectorcall at the module's init (see [`PyOp::new_bound`]).
+pub(crate) fn enable_vectorcall(py: Python<'_>) -> PyResult<()> {
+    PyOp::new_bound(py, registry().get("add", None).map_err(to_pyerr)?).map(drop)
 }
 
 /// Calls with positional arrays and at most `out=`: the fast lanes straight from CPython's

@@ -6,7 +6,7 @@
 
 use std::cell::Cell;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -30,6 +30,20 @@ pub struct Jobs<T> {
     state: Mutex<State<T>>,
     /// Signalled when the worker waiting on the queue should look at it.
     changed: Condvar,
+    /// Calls running now: the workers' and those run where they arrived ([`Executor::slot_here`]).
+    running: AtomicUsize,
+    /// The most calls the model runs at once: its worker count.
+    slots: usize,
+}
+
+/// A call counted as running until it goes (see [`Jobs::running`], [`Executor::slot_here`]).
+#[derive(Debug)]
+pub struct Running<'a>(&'a AtomicUsize);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 #[derive(Debug)]
@@ -65,6 +79,12 @@ impl<T> Jobs<T> {
     /// is taken once per item), waiting for one; `None` once the queue is closed and empty.
     pub fn next_to_run(&self) -> Option<Queued<T>> {
         self.take().pop(false)
+    }
+
+    /// Counts a worker's call as running until the guard goes.
+    pub fn running(&self) -> Running<'_> {
+        self.running.fetch_add(1, Ordering::SeqCst);
+        Running(&self.running)
     }
 }
 
@@ -166,7 +186,13 @@ impl<T: Send + 'static> Executor<T> {
             wake_at: 0,
             held: 0,
         };
-        let jobs = Arc::new(Jobs { gate: Mutex::new(()), state: Mutex::new(state), changed: Condvar::new() });
+        let jobs = Arc::new(Jobs {
+            gate: Mutex::new(()),
+            state: Mutex::new(state),
+            changed: Condvar::new(),
+            running: AtomicUsize::new(0),
+            slots: workers.max(1),
+        });
         let mut handles = Vec::new();
         for i in 0..workers.max(1) {
             let stream = Stream::new(ctx)?;
@@ -201,6 +227,22 @@ impl<T: Send + 'static> Executor<T> {
             self.jobs.changed.notify_one();
         }
         Ok(())
+    }
+
+    /// A slot for one call to run outside the workers, where it arrived: only while nothing
+    /// is queued or held (it overtakes nobody), the queue is open, and fewer calls run than the
+    /// model has workers (the worker count bounds its calls at once). A worker that takes a
+    /// job meanwhile runs beside it: an overlap of at most one small call.
+    pub fn slot_here(&self) -> Option<Running<'_>> {
+        {
+            let state = self.jobs.lock();
+            if !state.items.is_empty() || state.held > 0 || state.closed {
+                return None;
+            }
+        }
+        let slots = self.jobs.slots;
+        self.jobs.running.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < slots).then_some(n + 1)).ok()?;
+        Some(Running(&self.jobs.running))
     }
 
     /// Items queued or held by a gathering batch, not yet running (the

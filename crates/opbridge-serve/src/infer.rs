@@ -753,15 +753,16 @@ pub struct Call {
 
 /// What a queued call carries: the request as it arrived, for the worker to check, or one the
 /// front end checked already (a small call it meant to run itself, see [`infer`], that proved
-/// larger than it looked).
+/// larger than it looked), with the time its checks took.
 #[derive(Debug)]
 pub enum Job {
     Arrived(InferRequest),
-    Checked(Box<Checked>),
+    Checked(Box<Checked>, std::time::Duration),
 }
 
 impl Job {
-    /// The checked call: [`check`]ed now, or as it was checked before.
+    /// The checked call: [`check`]ed now, or as it was checked before (its compute-input time
+    /// then counts its checks, not its wait in the queue, which is queue time).
     pub(crate) fn check(
         self,
         model: &ModelVersion,
@@ -770,7 +771,11 @@ impl Job {
     ) -> Result<Checked> {
         match self {
             Job::Arrived(request) => check(model, request, max_input_bytes, session),
-            Job::Checked(checked) => Ok(*checked),
+            Job::Checked(mut checked, checking) => {
+                let now = Instant::now();
+                checked.started = now.checked_sub(checking).unwrap_or(now);
+                Ok(*checked)
+            }
         }
     }
 }
@@ -804,6 +809,7 @@ fn explained(outcome: Result<Vec<Output>>, session: Option<&Lease>) -> Result<Ve
 pub fn work(stream: &opbridge_runtime::Stream, jobs: &Jobs<Call>) -> bool {
     let Some(Queued { item: call, at }) = jobs.next_to_run() else { return false };
     let queue_ns = at.elapsed().as_nanos() as u64;
+    let _running = jobs.running();
     let Call { model, request, max_input_bytes, reply } = call;
     let session = reply.session.as_ref();
     let outcome = request
@@ -922,13 +928,16 @@ pub async fn infer(
     max_input_bytes: usize,
     session: Option<Lease>,
 ) -> Result<Vec<Output>> {
-    let request = if may_run_here(&model, &request) {
-        match run_here(&model, request, max_input_bytes, session.as_ref()) {
+    let slot = if may_run_here(&model, &request) { model.executor.slot_here() } else { None };
+    let request = match slot {
+        Some(_running) => match run_here(&model, request, max_input_bytes, session.as_ref()) {
             Ok(outcome) => return explained(outcome, session.as_ref()),
-            Err(checked) => Job::Checked(checked),
-        }
-    } else {
-        Job::Arrived(request)
+            Err(checked) => {
+                let checking = checked.started.elapsed();
+                Job::Checked(checked, checking)
+            }
+        },
+        None => Job::Arrived(request),
     };
     let (sender, result) = tokio::sync::oneshot::channel();
     let call = Call { model: Arc::clone(&model), request, max_input_bytes, reply: Reply { session, sender } };
@@ -937,13 +946,15 @@ pub async fn infer(
 }
 
 /// The most bytes a call that runs on a connection's thread reads (inputs as they arrived) and
-/// writes (outputs): a few microseconds of kernel at most, never a stall of the connections
-/// that share the thread.
+/// writes (outputs): with work linear in its bytes, a few microseconds of kernel at most, never
+/// a stall of the connections that share the thread.
 const HERE_MAX_BYTES: usize = 64 << 10;
 
 /// Whether `request` may run on the calling (connection) thread: a small call of a built-in
-/// operator (its code is the process's and takes any thread) on a CPU model without batching,
-/// nothing in shared memory, and nobody queued for the model (who would be overtaken).
+/// operator (its code is the process's and takes any thread) whose work is linear in its bytes
+/// (elementwise, the row-wise operators that declare batching: not `matmul` or
+/// `embedding_bag`, whose work a few bytes do not bound), on a CPU model without batching,
+/// nothing in shared memory. The model's queue decides the rest (`Executor::slot_here`).
 fn may_run_here(model: &ModelVersion, request: &InferRequest) -> bool {
     let input_bytes = request.inputs.iter().try_fold(0usize, |sum, input| match &input.data {
         InputData::Raw(bytes) => Some(sum + bytes.len()),
@@ -955,8 +966,16 @@ fn may_run_here(model: &ModelVersion, request: &InferRequest) -> bool {
         && !model.auto
         && model.batching.is_none()
         && model.entry.source == opbridge_ops::registry::Source::Builtin
+        && linear_work(model)
         && request.outputs.as_ref().is_none_or(|outputs| outputs.iter().all(|o| o.shm.is_none()))
-        && model.executor.pending() == 0
+}
+
+/// Whether the model's operator does work in proportion to its bytes: it has the elementwise
+/// lane or declares row-wise batching (softmax, the norms). A view lane says nothing of the
+/// kind (`matmul` has one).
+fn linear_work(model: &ModelVersion) -> bool {
+    let op = &model.entry.op;
+    op.lane().is_some() || op.batching().is_some()
 }
 
 /// Checks and runs a call that [`may_run_here`] on this thread; its outcome, or the checked call

@@ -11,8 +11,9 @@
 //! against three fields the stable ABI can read (`tp_dealloc`, `tp_call`, `tp_flags`): a layout
 //! it does not recognise (a debug build of Python, say) keeps `tp_call`, which stays correct.
 //!
-//! [`call`] serves the calls the fast lanes take (positional arrays, at most `out=`), straight
-//! from the argument array; any other call goes to the type's own `tp_call`, exactly as before.
+//! A type's [`FastCall`] serves the calls its fast lanes take (positional arrays, at most
+//! `out=`), straight from the argument array; any other call goes to the type's own `tp_call`,
+//! exactly as before. The type is made immutable too (see `IMMUTABLE_TYPE`).
 
 use std::ffi::c_void;
 use std::os::raw::c_ulong;
@@ -61,8 +62,14 @@ const CALL: usize = 128;
 const FLAGS: usize = 168;
 /// `Py_TPFLAGS_HAVE_VECTORCALL` (PEP 590; in the stable ABI from 3.12 only).
 const HAVE_VECTORCALL: c_ulong = 1 << 11;
+/// `Py_TPFLAGS_IMMUTABLETYPE` (3.10+): the type's attributes cannot be reassigned. Before 3.12
+/// CPython kept calling the vectorcall function after `Type.__call__ = f` (a patch that would
+/// silently miss most calls); immutable, the assignment raises `TypeError` instead, as for
+/// the built-in types.
+const IMMUTABLE_TYPE: c_ulong = 1 << 8;
 
-/// Gives `ty` vectorcall: each instance keeps its function `field_offset` bytes from its start.
+/// Gives `ty` vectorcall, and makes it immutable: each instance keeps its function
+/// `field_offset` bytes from its start.
 /// Returns false, changing nothing, when the type object's layout is not the one above, the
 /// offset is outside the instance, or the type has vectorcall already.
 pub fn enable(ty: &Bound<'_, PyType>, field_offset: usize) -> bool {
@@ -92,7 +99,7 @@ pub fn enable(ty: &Bound<'_, PyType>, field_offset: usize) -> bool {
             return false;
         }
         base.add(VECTORCALL_OFFSET).cast::<isize>().write(field_offset as isize);
-        base.add(FLAGS).cast::<c_ulong>().write(flags | HAVE_VECTORCALL);
+        base.add(FLAGS).cast::<c_ulong>().write(flags | HAVE_VECTORCALL | IMMUTABLE_TYPE);
     }
     true
 }
