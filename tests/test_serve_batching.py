@@ -27,6 +27,11 @@ pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning", "ignore::pyte
 DTYPES = {"FP32": np.float32, "FP64": np.float64}
 
 
+def serve_batching(tmp_path: Path, delay_us: int, *args: str, preferred: list[int] | None = None) -> Served:
+    """A server of `batching_repo` only (no built-ins), with `args` added."""
+    return start_server("--repository", str(batching_repo(tmp_path, delay_us, preferred)), "--no-builtins", *args)
+
+
 def batching_repo(tmp_path: Path, delay_us: int, preferred: list[int] | None = None) -> Path:
     repo = tmp_path / "models"
     batching = f"[dynamic_batching]\nmax_queue_delay_us = {delay_us}\nmax_batch_size = 64\n"
@@ -118,7 +123,7 @@ def random_request(rng: np.random.Generator) -> tuple[str, dict[str, np.ndarray]
 
 
 def test_random_interleavings_equal_the_calls_alone_bit_for_bit(tmp_path):
-    served = start_server("--repository", str(batching_repo(tmp_path, delay_us=5000)), "--no-builtins")
+    served = serve_batching(tmp_path, delay_us=5000)
     try:
         results: list[tuple[str, bool]] = []
 
@@ -167,9 +172,7 @@ def concurrent_rows(served: Served, model: str, requests: list[dict[str, np.ndar
 def test_a_batch_shows_in_statistics_metrics_and_config(tmp_path):
     # A long delay and a preferred size of all eight rows: the eight requests make one batch
     # as soon as the last arrives.
-    served = start_server(
-        "--repository", str(batching_repo(tmp_path, delay_us=3_000_000, preferred=[8])), "--no-builtins"
-    )
+    served = serve_batching(tmp_path, delay_us=3_000_000, preferred=[8])
     try:
         rng = np.random.default_rng(7)
         requests = [{"a": rng.standard_normal((1, 4)).astype(np.float32)} for _ in range(8)]
@@ -217,9 +220,7 @@ def test_a_batch_shows_in_statistics_metrics_and_config(tmp_path):
 
 
 def test_a_bad_request_in_a_batch_fails_alone(tmp_path):
-    served = start_server(
-        "--repository", str(batching_repo(tmp_path, delay_us=3_000_000, preferred=[8])), "--no-builtins"
-    )
+    served = serve_batching(tmp_path, delay_us=3_000_000, preferred=[8])
     try:
         # Integer powers: a negative exponent is the kernel's error, found only when it runs.
         # The merged call fails, and its requests run again alone: only the bad one fails.
@@ -242,9 +243,7 @@ def test_a_bad_request_in_a_batch_fails_alone(tmp_path):
 
 
 def test_requests_failing_their_checks_are_answered_while_others_batch(tmp_path):
-    served = start_server(
-        "--repository", str(batching_repo(tmp_path, delay_us=3_000_000, preferred=[6])), "--no-builtins"
-    )
+    served = serve_batching(tmp_path, delay_us=3_000_000, preferred=[6])
     try:
         good = [{"x": np.full((2, 3), k, dtype=np.float32)} for k in range(3)]
         bad = [{"y": np.ones((2, 3), dtype=np.float32)}]  # no input 'y': a 400 at once
@@ -273,13 +272,7 @@ def test_batching_an_operator_that_cannot_batch_is_a_load_error(tmp_path):
 
 
 def test_session_quotas_hold_inside_batches(tmp_path):
-    served = start_server(
-        "--repository",
-        str(batching_repo(tmp_path, delay_us=3_000_000, preferred=[6])),
-        "--no-builtins",
-        "--session-quota",
-        "65536",
-    )
+    served = serve_batching(tmp_path, 3_000_000, "--session-quota", "65536", preferred=[6])
     try:
         small = np.ones((2, 8), dtype=np.float32)
         large = np.ones((2, 8192), dtype=np.float32)  # 64 KiB per input: over the quota
@@ -303,7 +296,7 @@ def test_session_quotas_hold_inside_batches(tmp_path):
 
 
 def test_shutdown_answers_a_waiting_batch_without_sitting_out_the_delay(tmp_path):
-    served = start_server("--repository", str(batching_repo(tmp_path, delay_us=60_000_000)), "--no-builtins")
+    served = serve_batching(tmp_path, delay_us=60_000_000)
     a = np.arange(4, dtype=np.float32).reshape(1, 4)
     answers: list[object] = []
 
@@ -433,13 +426,7 @@ def test_requests_run_alone_count_their_rows(tmp_path):
 def test_a_merged_call_allocates_from_its_sessions_pool(tmp_path):
     # Eight requests of one session merge into one call: its inputs and outputs are the
     # session's memory (its peak shows them), and requests of other sessions never join it.
-    served = start_server(
-        "--repository",
-        str(batching_repo(tmp_path, delay_us=3_000_000, preferred=[8])),
-        "--no-builtins",
-        "--session-quota",
-        str(8 << 20),
-    )
+    served = serve_batching(tmp_path, 3_000_000, "--session-quota", str(8 << 20), preferred=[8])
     x = np.random.default_rng(3).standard_normal((1, 16384)).astype(np.float32)  # 64 KiB
     try:
         answers: list[object] = [None] * 8

@@ -33,7 +33,7 @@ use crate::tensor::{as_out_tensor, input_tensor, PyTensor};
 pub struct PyOp {
     entry: Arc<Entry>,
     /// The function CPython calls this object through (vectorcall, `ffi::vectorcall`); read
-    /// by CPython at the offset `get_op` gives the type, never by us.
+    /// by CPython at the offset `new_bound` gives the type, never by us.
     vectorcall: vectorcall::VectorcallFn,
 }
 
@@ -66,17 +66,31 @@ impl vectorcall::FastCall for PyOp {
         args: &[Bound<'py, PyAny>],
         out: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
-        let entry = &callable.cast::<PyOp>()?.get().entry;
-        let py = callable.py();
-        if let Some(lane) = entry.op.lane() {
-            if let Some(result) = try_lane(py, entry, lane, args.iter(), out)? {
-                return Ok(Some(result));
-            }
+        fast_lanes(callable.py(), &callable.cast::<PyOp>()?.get().entry, || args.iter(), out)
+    }
+}
+
+/// A call with positional arguments only (attributes at their defaults) through the operator's
+/// fast lanes: the elementwise lane, then the view lane (each walks the arguments `args` gives).
+/// `None` when neither serves it.
+fn fast_lanes<'py, A, I>(
+    py: Python<'py>,
+    entry: &Entry,
+    args: impl Fn() -> I,
+    out: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Option<Bound<'py, PyAny>>>
+where
+    A: std::ops::Deref<Target = Bound<'py, PyAny>>,
+    I: ExactSizeIterator<Item = A>,
+{
+    if let Some(lane) = entry.op.lane() {
+        if let Some(result) = try_lane(py, entry, lane, args(), out)? {
+            return Ok(Some(result));
         }
-        match entry.op.view_lane() {
-            Some(lane) => try_view_lane(py, entry, lane, args.iter(), out),
-            None => Ok(None),
-        }
+    }
+    match entry.op.view_lane() {
+        Some(lane) => try_view_lane(py, entry, lane, args(), out),
+        None => Ok(None),
     }
 }
 
@@ -371,8 +385,8 @@ fn try_lane<'py, A: std::ops::Deref<Target = Bound<'py, PyAny>>>(
 /// The view fast lane (see `opbridge_ops::registry::ViewLane`): every argument an exact ndarray of one
 /// dtype the lane accepts, aligned, in native byte order, with strides in whole elements (any
 /// layout: transposed views are read in place), positional inputs only (attributes at their
-/// defaults), and `out` (when given) a plain
-/// C-contiguous writeable ndarray of the lane's shape and output dtype, disjoint from the inputs.
+/// defaults), and `out` (when given) a plain C-contiguous writeable ndarray of the lane's shape
+/// and output dtype, disjoint from the inputs.
 /// Returns `None` when the call does not qualify or the lane declines its shapes: the generic
 /// path then handles it, errors, promotion and overlapping outputs included.
 fn try_view_lane<'py, A: std::ops::Deref<Target = Bound<'py, PyAny>>>(
@@ -1133,13 +1147,8 @@ impl PyOp {
             }
             // Routed to the host: the call as without `device=`.
         }
-        if let (None, Some(lane)) = (kwargs, self.entry.op.lane()) {
-            if let Some(result) = try_lane(py, &self.entry, lane, args.iter_borrowed(), out)? {
-                return Ok(result);
-            }
-        }
-        if let (None, Some(lane)) = (kwargs, self.entry.op.view_lane()) {
-            if let Some(result) = try_view_lane(py, &self.entry, lane, args.iter_borrowed(), out)? {
+        if kwargs.is_none() {
+            if let Some(result) = fast_lanes(py, &self.entry, || args.iter_borrowed(), out)? {
                 return Ok(result);
             }
         }

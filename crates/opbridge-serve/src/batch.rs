@@ -117,7 +117,7 @@ fn gather_one(
 ) -> Vec<Group> {
     let Queued { item: call, at } = queued;
     let Call { request, max_input_bytes, reply, .. } = call;
-    let checked = match request.check(model, max_input_bytes, reply.session.as_ref()) {
+    let checked = match request.check(model, max_input_bytes, reply.session.as_ref(), at) {
         Ok(checked) => checked,
         Err(error) => {
             reply.answer(Err(error));

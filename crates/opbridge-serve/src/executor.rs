@@ -1,8 +1,8 @@
 //! Each model version's bounded queue and its compute workers: no kernel-sized work runs on the
 //! async runtime's threads (a call small enough to cost less than handing it over, with nobody
-//! queued, runs where it arrived: `infer::infer`). A worker owns a stream on the model's device and runs what it takes from
-//! the queue on it (one request, or a batch of them); a full queue is refused at once (503 /
-//! UNAVAILABLE), as Triton's `max_queue_size` is.
+//! queued, runs where it arrived: `infer::infer`). A worker owns a stream on the model's device
+//! and runs what it takes from the queue on it (one request, or a batch of them); a full queue
+//! is refused at once (503 / UNAVAILABLE), as Triton's `max_queue_size` is.
 
 use std::cell::Cell;
 use std::collections::VecDeque;
@@ -30,7 +30,8 @@ pub struct Jobs<T> {
     state: Mutex<State<T>>,
     /// Signalled when the worker waiting on the queue should look at it.
     changed: Condvar,
-    /// Calls running now: the workers' and those run where they arrived ([`Executor::slot_here`]).
+    /// Calls running now: those of the workers of a model without batching, and those run where
+    /// they arrived ([`Executor::slot_here`]).
     running: AtomicUsize,
     /// The most calls the model runs at once: its worker count.
     slots: usize,

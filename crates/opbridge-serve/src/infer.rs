@@ -753,27 +753,28 @@ pub struct Call {
 
 /// What a queued call carries: the request as it arrived, for the worker to check, or one the
 /// front end checked already (a small call it meant to run itself, see [`infer`], that proved
-/// larger than it looked), with the time its checks took.
+/// larger than it looked).
 #[derive(Debug)]
 pub enum Job {
     Arrived(InferRequest),
-    Checked(Box<Checked>, std::time::Duration),
+    Checked(Box<Checked>),
 }
 
 impl Job {
-    /// The checked call: [`check`]ed now, or as it was checked before (its compute-input time
-    /// then counts its checks, not its wait in the queue, which is queue time).
+    /// The checked call of a job queued at `queued_at`: [`check`]ed now, or as it was checked
+    /// before, its compute-input clock moved on by its wait in the queue (queue time, counted
+    /// apart), so that it counts its checks only.
     pub(crate) fn check(
         self,
         model: &ModelVersion,
         max_input_bytes: usize,
         session: Option<&Lease>,
+        queued_at: Instant,
     ) -> Result<Checked> {
         match self {
             Job::Arrived(request) => check(model, request, max_input_bytes, session),
-            Job::Checked(mut checked, checking) => {
-                let now = Instant::now();
-                checked.started = now.checked_sub(checking).unwrap_or(now);
+            Job::Checked(mut checked) => {
+                checked.started += queued_at.elapsed();
                 Ok(*checked)
             }
         }
@@ -813,7 +814,7 @@ pub fn work(stream: &opbridge_runtime::Stream, jobs: &Jobs<Call>) -> bool {
     let Call { model, request, max_input_bytes, reply } = call;
     let session = reply.session.as_ref();
     let outcome = request
-        .check(&model, max_input_bytes, session)
+        .check(&model, max_input_bytes, session, at)
         .and_then(|checked| run_alone(&model, checked, stream, session, queue_ns, 1));
     reply.answer(outcome);
     true
@@ -888,8 +889,13 @@ impl Drop for Pending {
 /// CPU kernel, whose inputs already have the kernel's dtypes. Otherwise it goes through the
 /// worker's stream (conversions, other devices, and the launch's typed "no CPU kernel" error).
 fn runs_inline(model: &ModelVersion, plan: &Plan, inputs: &Loaded) -> bool {
-    model.runs_on_worker
-        && inputs.iter().zip(&plan.inputs).all(|(tensor, planned)| tensor.as_ref().map(|t| t.dtype()) == *planned)
+    model.runs_on_worker && unconverted(plan, inputs.iter().map(|t| t.as_ref().map(|t| t.dtype())))
+}
+
+/// Whether inputs of these dtypes (`None`: an optional one not given) are the kernel's own, as
+/// `plan` has them: nothing to convert first.
+fn unconverted(plan: &Plan, dtypes: impl Iterator<Item = Option<DType>>) -> bool {
+    dtypes.zip(&plan.inputs).all(|(dtype, planned)| dtype == *planned)
 }
 
 /// Runs a CPU call right here, on the compute worker (`dispatch::run_host`: the same kernel a
@@ -932,10 +938,7 @@ pub async fn infer(
     let request = match slot {
         Some(_running) => match run_here(&model, request, max_input_bytes, session.as_ref()) {
             Ok(outcome) => return explained(outcome, session.as_ref()),
-            Err(checked) => {
-                let checking = checked.started.elapsed();
-                Job::Checked(checked, checking)
-            }
+            Err(checked) => Job::Checked(checked),
         },
         None => Job::Arrived(request),
     };
@@ -994,11 +997,7 @@ fn run_here(
     let output_bytes = checked.plan.outputs.iter().try_fold(0usize, |sum, meta| {
         meta.shape.iter().try_fold(meta.dtype.size(), |n, &d| n.checked_mul(d)).and_then(|n| sum.checked_add(n))
     });
-    let unconverted = checked
-        .inputs
-        .iter()
-        .zip(&checked.plan.inputs)
-        .all(|(input, planned)| input.as_ref().map(|i| i.dtype) == *planned);
+    let unconverted = unconverted(&checked.plan, checked.inputs.iter().map(|i| i.as_ref().map(|i| i.dtype)));
     if !(unconverted && output_bytes.is_some_and(|bytes| bytes <= HERE_MAX_BYTES)) {
         return Err(Box::new(checked));
     }
