@@ -825,13 +825,14 @@ def binary_request(model: str, array: np.ndarray) -> tuple[bytes, bytes]:
 
 
 def test_client_gone_mid_request_counts_as_canceled() -> None:
-    # One worker and large matmuls (a few tenths of a second each): requests wait in the queue,
-    # where their clients leave them. The pending gauge counts queued requests only, so with
-    # `count` large requests sent it stays below `count`.
-    served = start_server("--workers-per-model", "1")
+    # One worker and large matmuls (3072²: more than a tenth of a second each, longer than
+    # sending the next one; 2048² ran in 40 ms, and on a fast run the queue never held two):
+    # requests wait in the queue, where their clients leave them. The pending gauge counts
+    # queued requests only, so with `count` large requests sent it stays below `count`.
+    served = start_server("--workers-per-model", "1", "--http-max-input-size", str(300 << 20))
     opened: list[socket.socket] = []
     try:
-        head, body = binary_request("matmul", np.ones((2048, 2048), np.float32))
+        head, body = binary_request("matmul", np.ones((3072, 3072), np.float32))
         host, port = served.http.rsplit(":", 1)
 
         def send_large(count: int) -> list[socket.socket]:
